@@ -1,0 +1,48 @@
+"""Settings for the benchmark: PostgreSQL by default (``STALWART_BENCH_DATABASE=sqlite`` too)."""
+
+import os
+import tempfile
+from pathlib import Path
+
+SECRET_KEY = "stalwart-benchmark-not-secret"  # noqa: S105
+USE_TZ = True
+INSTALLED_APPS = ["stalwart"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if os.environ.get("STALWART_BENCH_DATABASE", "postgresql") == "postgresql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("STALWART_BENCH_DB_NAME", "stalwart_bench"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(Path(tempfile.gettempdir()) / "stalwart-bench.sqlite3"),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+
+TASKS = {
+    "default": {
+        "BACKEND": "stalwart.backend.StalwartBackend",
+        "QUEUES": [],
+        "OPTIONS": {"heartbeat_interval": 5, "process_alive_threshold": 30},
+    }
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"stalwart": {"handlers": ["stderr"], "level": "WARNING"}},
+}

@@ -1,0 +1,44 @@
+"""A small Django project using Stalwart on SQLite (the zero-setup default)."""
+
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = "demo-only-not-secret"  # noqa: S105 - a demo project
+DEBUG = True
+USE_TZ = True
+INSTALLED_APPS = ["stalwart", "shop"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": BASE_DIR / "db.sqlite3",
+        "OPTIONS": {
+            # Take the write lock at BEGIN, wait up to 20 s for it, and let readers and the
+            # writer work side by side (WAL).
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+    }
+}
+
+TASKS = {
+    "default": {
+        "BACKEND": "stalwart.backend.StalwartBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"workers": [{"queues": "emails,default", "threads": 4}]},
+    }
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"short": {"format": "  worker: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "short"}},
+    "loggers": {
+        "stalwart": {"handlers": ["console"], "level": "INFO"},
+        # Django logs every task start and finish at INFO; Stalwart's own lines say as much.
+        "django.tasks": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+    },
+}

@@ -1,0 +1,151 @@
+"""``StalwartBackend``: Django's task backend API, with jobs stored in the database."""
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from django.db import transaction
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+
+from stalwart import events
+from stalwart.conf import Options, read_options
+from stalwart.db import NewJob
+from stalwart.exceptions import TaskNotFound
+from stalwart.ids import uuid7
+from stalwart.jobs import JobStore
+from stalwart.models import Job, JobStatus
+from stalwart.queues import validate_queue_name
+from stalwart.resolution import resolve_task
+from stalwart.results import make_result, result_from_job
+from stalwart.serialization import encode_arguments, normalize_arguments
+
+
+class StalwartBackend(BaseTaskBackend):
+    """Stores each enqueued task call as a row; ``queue work`` / ``queue supervise`` run them."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.config: Options = read_options(alias, params)
+        self.store = JobStore(self.config.database, notify=self.config.listen_notify)
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        validate_queue_name(task.queue_name)
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+        return self.enqueue_many(task, [(args, kwargs)])[0]
+
+    def enqueue_many(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+    ) -> list[TaskResult]:
+        """Enqueue many calls of one task in as few INSERT statements as possible.
+
+        ``calls`` yields ``(args, kwargs)`` pairs (``stalwart.Call`` objects are such pairs).
+        Every call is validated before anything is written: one bad call enqueues none.
+        """
+        self.validate_task(task)
+        now = timezone.now()
+        run_after = task.run_after
+        scheduled = run_after is not None and run_after > now
+        status = (JobStatus.SCHEDULED if scheduled else JobStatus.READY).value
+        available_at = run_after if scheduled else now
+        task_path = task.module_path
+        limit = self.config.max_arguments_size
+        max_attempts = self.max_attempts_for(task)
+        rows: list[NewJob] = []
+        results: list[TaskResult] = []
+        for index, (args, kwargs) in enumerate(calls):
+            try:
+                plain_args, plain_kwargs = normalize_arguments(args, kwargs)
+                encoded_args, encoded_kwargs = encode_arguments(plain_args, plain_kwargs, limit)
+            except InvalidTask as error:
+                if index:
+                    error.add_note(
+                        f"In call number {index} of enqueue_many(); nothing was enqueued."
+                    )
+                raise
+            job_id = uuid7()
+            rows.append(
+                NewJob(
+                    id=job_id,
+                    task_path=task_path,
+                    backend=self.alias,
+                    queue_name=task.queue_name,
+                    priority=task.priority,
+                    status=status,
+                    args=encoded_args,
+                    kwargs=encoded_kwargs,
+                    run_after=run_after,
+                    available_at=available_at,
+                    enqueued_at=now,
+                    max_attempts=max_attempts,
+                )
+            )
+            results.append(
+                make_result(
+                    task,
+                    job_id=job_id,
+                    status=TaskResultStatus.READY,
+                    enqueued_at=now,
+                    started_at=None,
+                    finished_at=None,
+                    last_attempted_at=None,
+                    args=plain_args,
+                    kwargs=plain_kwargs,
+                    backend=self.alias,
+                    errors=[],
+                    worker_ids=[],
+                )
+            )
+        if not rows:
+            return []
+        self.store.insert(rows)
+        for result in results:
+            events.emit("job_enqueued", job=result.id, task=task_path, queue=task.queue_name)
+        # Announce the jobs once they exist for everyone: at commit, or now in autocommit.
+        transaction.on_commit(partial(self._send_enqueued, results), using=self.config.database)
+        return results
+
+    def _send_enqueued(self, results: list[TaskResult]) -> None:
+        for result in results:
+            task_enqueued.send(type(self), task_result=result)
+
+    def max_attempts_for(self, task: Task) -> int:
+        """How many times a job of ``task`` may be attempted before it is failed for good."""
+        return getattr(task, "max_attempts", None) or self.config.max_attempts
+
+    # -- results -----------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            job_id = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        try:
+            job = Job.objects.using(self.config.database).get(pk=job_id)
+        except Job.DoesNotExist:
+            raise TaskResultDoesNotExist(result_id) from None
+        try:
+            task = resolve_task(job.task_path)
+        except TaskNotFound as error:
+            raise InvalidTask(
+                f"Job {result_id} was enqueued for {error.path!r}, which {error.reason}."
+            ) from None
+        return result_from_job(job, task)
+
+    def check(self, **kwargs: Any) -> list:
+        from stalwart.checks import check_backend
+
+        return check_backend(self, **kwargs)

@@ -1,0 +1,162 @@
+"""Settings: ``TASKS[alias]["OPTIONS"]``, read once into frozen dataclasses and validated.
+
+Every error names the setting it is about, e.g. ``TASKS['default']['OPTIONS']['workers'][0]
+['threads'] must be a whole number from 1 to 1000, not 0``.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from stalwart.exceptions import ConfigurationError, InvalidQueueName
+from stalwart.queues import QueueSelector
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerOptions:
+    """One kind of worker process: which queues it claims from, with how many threads."""
+
+    queues: QueueSelector = field(default_factory=lambda: QueueSelector.parse("*"))
+    threads: int = 5
+    processes: int = 1
+    poll_interval: float | None = None  # None: 1 s with LISTEN/NOTIFY (PostgreSQL), 0.2 s else
+    max_jobs: int | None = None  # recycle the process after this many jobs
+    max_memory_mb: int | None = None  # recycle the process above this resident memory
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """Everything a Stalwart backend is configured with."""
+
+    alias: str = "default"
+    database: str = "default"
+    workers: tuple[WorkerOptions, ...] = (WorkerOptions(),)
+    heartbeat_interval: float = 10.0
+    process_alive_threshold: float = 60.0
+    shutdown_timeout: float = 30.0
+    max_arguments_size: int = MIB
+    max_attempts: int = 5
+    listen_notify: bool = True
+
+    def worker(self, **overrides: Any) -> WorkerOptions:
+        """The first worker configuration, with command-line overrides applied."""
+        base = self.workers[0] if self.workers else WorkerOptions()
+        changes = {key: value for key, value in overrides.items() if value is not None}
+        return replace(base, **changes)
+
+
+class _Reader:
+    """Reads one mapping of settings, naming each key it complains about."""
+
+    def __init__(self, values: Mapping[str, Any], where: str) -> None:
+        if not isinstance(values, Mapping):
+            raise ConfigurationError(f"{where} must be a dict, not {type(values).__name__}.")
+        self.values = values
+        self.where = where
+        self.used: set[str] = set()
+
+    def name(self, key: str) -> str:
+        return f"{self.where}[{key!r}]"
+
+    def get(self, key: str, default: Any) -> Any:
+        self.used.add(key)
+        return self.values.get(key, default)
+
+    def number(self, key: str, default: float, *, minimum: float, maximum: float) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigurationError(f"{self.name(key)} must be a number, not {value!r}.")
+        if not minimum <= value <= maximum:
+            raise ConfigurationError(
+                f"{self.name(key)} must be between {minimum} and {maximum}, not {value!r}."
+            )
+        return float(value)
+
+    def whole(self, key: str, default: int | None, *, minimum: int, maximum: int) -> int | None:
+        value = self.get(key, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise ConfigurationError(
+                f"{self.name(key)} must be a whole number from {minimum} to {maximum}, "
+                f"not {value!r}."
+            )
+        return value
+
+    def choice(self, key: str, default: Any, check: Callable[[Any], bool], expected: str) -> Any:
+        value = self.get(key, default)
+        if not check(value):
+            raise ConfigurationError(f"{self.name(key)} must be {expected}, not {value!r}.")
+        return value
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.values) - self.used)
+        if unknown:
+            raise ConfigurationError(
+                f"{self.name(unknown[0])} is not a Stalwart setting "
+                f"(known: {', '.join(sorted(self.used))})."
+            )
+
+
+def _read_worker(values: Mapping[str, Any], where: str) -> WorkerOptions:
+    reader = _Reader(values, where)
+    queues = reader.get("queues", "*")
+    try:
+        selector = QueueSelector.parse(queues)
+    except (InvalidQueueName, AttributeError, TypeError) as error:
+        raise ConfigurationError(f"{reader.name('queues')} is invalid: {error}") from None
+    poll = reader.get("poll_interval", None)
+    if poll is not None:
+        poll = reader.number("poll_interval", 1.0, minimum=0.01, maximum=3600)
+    worker = WorkerOptions(
+        queues=selector,
+        threads=reader.whole("threads", 5, minimum=1, maximum=1000),
+        processes=reader.whole("processes", 1, minimum=1, maximum=1000),
+        poll_interval=poll,
+        max_jobs=reader.whole("max_jobs", None, minimum=1, maximum=10**12),
+        max_memory_mb=reader.whole("max_memory_mb", None, minimum=1, maximum=10**7),
+    )
+    reader.finish()
+    return worker
+
+
+def read_options(alias: str, params: Mapping[str, Any]) -> Options:
+    """Read ``TASKS[alias]["OPTIONS"]`` into an ``Options``; raise ``ConfigurationError``."""
+    reader = _Reader(params.get("OPTIONS", {}), f"TASKS[{alias!r}]['OPTIONS']")
+    workers_value = reader.choice(
+        "workers",
+        [{}],
+        lambda value: isinstance(value, list | tuple) and len(value) > 0,
+        "a non-empty list of dicts",
+    )
+    workers = tuple(
+        _read_worker(entry, f"{reader.name('workers')}[{index}]")
+        for index, entry in enumerate(workers_value)
+    )
+    heartbeat = reader.number("heartbeat_interval", 10.0, minimum=0.05, maximum=3600)
+    threshold = reader.number("process_alive_threshold", 60.0, minimum=0.2, maximum=86400)
+    if threshold < 2 * heartbeat:
+        raise ConfigurationError(
+            f"{reader.name('process_alive_threshold')} ({threshold:g} s) must be at least twice "
+            f"{reader.name('heartbeat_interval')} ({heartbeat:g} s), or live processes would be "
+            "taken for dead."
+        )
+    options = Options(
+        alias=alias,
+        database=reader.choice(
+            "database", "default", lambda v: isinstance(v, str) and v, "a database alias"
+        ),
+        workers=workers,
+        heartbeat_interval=heartbeat,
+        process_alive_threshold=threshold,
+        shutdown_timeout=reader.number("shutdown_timeout", 30.0, minimum=0, maximum=86400),
+        max_arguments_size=reader.whole("max_arguments_size", MIB, minimum=64, maximum=256 * MIB),
+        max_attempts=reader.whole("max_attempts", 5, minimum=1, maximum=1000),
+        listen_notify=reader.choice(
+            "listen_notify", True, lambda v: isinstance(v, bool), "True or False"
+        ),
+    )
+    reader.finish()
+    return options

@@ -1,0 +1,284 @@
+"""What every database's statements share: the records they take and return, and row decoding.
+
+Each vendor module (``postgresql``, ``sqlite``) holds that database's hot SQL, top to bottom,
+as one protocol: insert, claim, finish, release, promote. Every state change is one atomic,
+fenced step: a statement that re-checks its condition in its ``WHERE`` clause.
+"""
+
+import uuid
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from stalwart.models import Job
+from stalwart.queues import QueuePattern
+
+# The columns a claim returns: everything needed to run the job and report its result.
+CLAIM_COLUMNS = (
+    "id",
+    "task_path",
+    "backend",
+    "queue_name",
+    "priority",
+    "args",
+    "kwargs",
+    "run_after",
+    "enqueued_at",
+    "started_at",
+    "last_attempted_at",
+    "attempt",
+    "max_attempts",
+    "worker_ids",
+    "errors",
+)
+
+# The columns an insert writes, in order.
+INSERT_COLUMNS = (
+    "id",
+    "task_path",
+    "backend",
+    "queue_name",
+    "priority",
+    "status",
+    "args",
+    "kwargs",
+    "run_after",
+    "available_at",
+    "enqueued_at",
+    "max_attempts",
+    "attempt",
+    "worker_ids",
+    "errors",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A row to insert. ``args`` and ``kwargs`` are already encoded JSON."""
+
+    id: uuid.UUID
+    task_path: str
+    backend: str
+    queue_name: str
+    priority: int
+    status: str
+    args: str
+    kwargs: str
+    run_after: datetime | None
+    available_at: datetime
+    enqueued_at: datetime
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job as one claim handed it to one process, for one attempt."""
+
+    id: uuid.UUID
+    task_path: str
+    backend: str
+    queue_name: str
+    priority: int
+    args: list
+    kwargs: dict
+    run_after: datetime | None
+    enqueued_at: datetime
+    started_at: datetime
+    last_attempted_at: datetime
+    attempt: int
+    max_attempts: int
+    worker_ids: list
+    errors: list
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one attempt, to be written if (and only if) we still own it.
+
+    ``status`` is the new state; ``available_at`` is set when the job goes back to waiting
+    (a retry); ``errors`` is the whole new error list (encoded), or None to leave it as is.
+    """
+
+    id: uuid.UUID
+    attempt: int
+    status: str
+    return_value: str | None = None
+    errors: str | None = None
+    available_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """A job taken back from a dead process: now ready again, or failed for good."""
+
+    id: uuid.UUID
+    status: str
+    queue_name: str
+
+
+_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _row_converters(connection: BaseDatabaseWrapper, names: Sequence[str]) -> list[list]:
+    """Django's own converters for these Job columns on this connection (cached)."""
+    cache = _converters.setdefault(connection, {})
+    key = tuple(names)
+    if key not in cache:
+        table = Job._meta.db_table
+        per_column = []
+        for name in names:
+            column = Job._meta.get_field(name).get_col(table)
+            per_column.append(
+                connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            )
+        cache[key] = (per_column, [Job._meta.get_field(name).get_col(table) for name in names])
+    return cache[key]
+
+
+def decode_rows(connection: BaseDatabaseWrapper, names: Sequence[str], rows: Sequence) -> list:
+    """Turn raw rows of Job columns into Python values, as the ORM would."""
+    per_column, columns = _row_converters(connection, names)
+    decoded = []
+    for row in rows:
+        values = []
+        for raw, converters, column in zip(row, per_column, columns, strict=True):
+            value = raw
+            for converter in converters:
+                value = converter(value, column, connection)
+            values.append(value)
+        decoded.append(values)
+    return decoded
+
+
+def like_prefix(prefix: str) -> str:
+    """A LIKE pattern for names starting with ``prefix`` (escape character: backslash)."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+class Statements:
+    """The protocol every database implements. Subclasses hold the SQL."""
+
+    vendor: ClassVar[str]
+    # Rows per INSERT statement, kept under the database's limit on parameters.
+    insert_chunk: ClassVar[int] = 1000
+    # Whether finish, release and release_owner are each one statement (so need no BEGIN).
+    writes_are_single_statements: ClassVar[bool] = False
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def uuid_param(self, value: uuid.UUID) -> Any:
+        return Job._meta.pk.get_db_prep_value(value, self.connection)
+
+    def datetime_param(self, value: datetime | None) -> Any:
+        if value is None:
+            return None
+        return self.connection.ops.adapt_datetimefield_value(value)
+
+    def now_param(self) -> Any:
+        return self.datetime_param(timezone.now())
+
+    def queue_filter(
+        self, pattern: QueuePattern, excluded: Sequence[QueuePattern]
+    ) -> tuple[str, list]:
+        """SQL conditions (each starting with AND) selecting the pattern's queues."""
+        sql, params = [], []
+        if not pattern.matches_all:
+            if pattern.is_prefix:
+                sql.append("AND queue_name LIKE %s ESCAPE '\\'")
+                params.append(like_prefix(pattern.name))
+            else:
+                sql.append("AND queue_name = %s")
+                params.append(pattern.name)
+        for exclusion in excluded:
+            if exclusion.matches_all:
+                sql.append("AND 1 = 0")
+            elif exclusion.is_prefix:
+                sql.append("AND queue_name NOT LIKE %s ESCAPE '\\'")
+                params.append(like_prefix(exclusion.name))
+            else:
+                sql.append("AND queue_name <> %s")
+                params.append(exclusion.name)
+        return " ".join(sql), params
+
+    def claimed_from_rows(self, rows: Sequence) -> list[ClaimedJob]:
+        jobs = [ClaimedJob(*values) for values in decode_rows(self.connection, CLAIM_COLUMNS, rows)]
+        # A claim returns rows in no particular order; start the most urgent first.
+        jobs.sort(key=lambda job: (-job.priority, job.enqueued_at, job.id))
+        return jobs
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def insert(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
+        """Insert jobs, chunked into as few statements as the parameter limit allows."""
+        for start in range(0, len(jobs), self.insert_chunk):
+            self.insert_chunk_of(cursor, jobs[start : start + self.insert_chunk], notify)
+
+    def insert_chunk_of(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
+        row = "(" + ", ".join(["%s"] * len(INSERT_COLUMNS)) + ")"
+        params: list = []
+        for job in jobs:
+            params.extend(
+                (
+                    self.uuid_param(job.id),
+                    job.task_path,
+                    job.backend,
+                    job.queue_name,
+                    job.priority,
+                    job.status,
+                    job.args,
+                    job.kwargs,
+                    self.datetime_param(job.run_after),
+                    self.datetime_param(job.available_at),
+                    self.datetime_param(job.enqueued_at),
+                    job.max_attempts,
+                    0,
+                    "[]",
+                    "[]",
+                )
+            )
+        cursor.execute(
+            f"INSERT INTO stalwart_job ({', '.join(INSERT_COLUMNS)}) "
+            f"VALUES {', '.join([row] * len(jobs))}",
+            params,
+        )
+
+    def claim(
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        worker_name: str,
+        pattern: QueuePattern,
+        excluded: Sequence[QueuePattern],
+        limit: int,
+    ) -> list[ClaimedJob]:
+        raise NotImplementedError
+
+    def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
+        """Write outcomes still ours; return ``{job id: finished_at}`` for those written."""
+        raise NotImplementedError
+
+    def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[uuid.UUID, int]]) -> list:
+        """Put jobs we hold back to ready (graceful stop); return the ids released."""
+        raise NotImplementedError
+
+    def release_owner(
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+    ) -> list[Released]:
+        """Take back every job a dead process held: ready again, or failed at max_attempts."""
+        raise NotImplementedError
+
+    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> int:
+        """Make due scheduled jobs ready; return how many."""
+        raise NotImplementedError
+
+    def notify(self, cursor: Any, queue_names: Sequence[str]) -> None:
+        """Wake idle workers serving these queues (where the database can)."""

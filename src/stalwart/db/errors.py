@@ -1,0 +1,35 @@
+"""Which database errors are worth retrying, decided once, at the boundary.
+
+Transient: serialization failures, deadlocks, lock and statement timeouts, a lost or refused
+connection, SQLite's "database is locked". Everything else propagates as it is.
+"""
+
+import sqlite3
+
+from django.db import DatabaseError, InterfaceError
+
+# SQLSTATE classes and codes (PostgreSQL, and MySQL where it reports them).
+_TRANSIENT_SQLSTATE_PREFIXES = ("08", "40", "57P")
+_TRANSIENT_SQLSTATES = {"55P03", "57014", "53300"}
+_SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy")
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    return getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying the whole transaction may succeed."""
+    if isinstance(error, InterfaceError):
+        return True  # the connection is closed or broken: a new one may work
+    if not isinstance(error, DatabaseError):
+        return False
+    cause = error.__cause__ or error
+    if isinstance(cause, sqlite3.OperationalError):
+        return any(text in str(cause).lower() for text in _SQLITE_TRANSIENT)
+    state = _sqlstate(cause)
+    if state:
+        return state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
+    # psycopg raises OperationalError without a SQLSTATE when the connection is lost.
+    package = type(cause).__module__.partition(".")[0]
+    return package == "psycopg" and type(cause).__name__ == "OperationalError"

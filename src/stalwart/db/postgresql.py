@@ -1,0 +1,228 @@
+"""PostgreSQL: the claim protocol as single statements, with LISTEN/NOTIFY wake-ups.
+
+Read top to bottom: insert (and notify on commit), claim (lock with SKIP LOCKED inside a
+materialised CTE, so the planner cannot run the LIMIT subquery twice), finish (fenced on
+owner and attempt), release, take back a dead owner's jobs, promote due scheduled jobs.
+Statements that lock rows another statement may also lock take them in id order, so they do
+not deadlock each other; were a deadlock to happen anyway, it is retried as a transient error.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from stalwart.db.base import CLAIM_COLUMNS, ClaimedJob, NewJob, Outcome, Released, Statements
+from stalwart.queues import QueuePattern
+
+CHANNEL = "stalwart"
+
+_RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
+
+
+class PostgreSQLStatements(Statements):
+    vendor = "postgresql"
+    insert_chunk = 5000  # unnest() takes one array per column, whatever the row count
+    writes_are_single_statements = True
+
+    def insert_chunk_of(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
+        ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
+        wake = ""
+        params: list = [
+            [job.id for job in jobs],
+            [job.task_path for job in jobs],
+            [job.backend for job in jobs],
+            [job.queue_name for job in jobs],
+            [job.priority for job in jobs],
+            [job.status for job in jobs],
+            [job.args for job in jobs],
+            [job.kwargs for job in jobs],
+            [job.run_after for job in jobs],
+            [job.available_at for job in jobs],
+            [job.enqueued_at for job in jobs],
+            [job.max_attempts for job in jobs],
+        ]
+        if notify and ready_queues:
+            # NOTIFY is transactional: idle workers wake when the enqueue commits, not before.
+            wake = f", wake AS (SELECT pg_notify('{CHANNEL}', q) FROM unnest(%s::text[]) AS q)"
+            params.append(ready_queues)
+        cursor.execute(
+            f"""
+            WITH inserted AS (
+                INSERT INTO stalwart_job (
+                    id, task_path, backend, queue_name, priority, status, args, kwargs,
+                    run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids,
+                    errors
+                )
+                SELECT id, task_path, backend, queue_name, priority, status, args::jsonb,
+                       kwargs::jsonb, run_after, available_at, enqueued_at, max_attempts, 0,
+                       '[]'::jsonb, '[]'::jsonb
+                FROM unnest(
+                    %s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::text[],
+                    %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
+                    %s::timestamptz[], %s::integer[]
+                ) AS row(id, task_path, backend, queue_name, priority, status, args, kwargs,
+                         run_after, available_at, enqueued_at, max_attempts)
+                RETURNING 1
+            ){wake}
+            SELECT (SELECT count(*) FROM inserted){", (SELECT count(*) FROM wake)" if wake else ""}
+            """,
+            params,
+        )
+
+    def claim(
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        worker_name: str,
+        pattern: QueuePattern,
+        excluded: Sequence[QueuePattern],
+        limit: int,
+    ) -> list[ClaimedJob]:
+        conditions, filter_params = self.queue_filter(pattern, excluded)
+        cursor.execute(
+            f"""
+            WITH picked AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' {conditions}
+                ORDER BY priority DESC, available_at, id
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE stalwart_job AS job
+            SET status = 'running',
+                owner = %s,
+                attempt = job.attempt + 1,
+                started_at = COALESCE(job.started_at, now()),
+                last_attempted_at = now(),
+                worker_ids = job.worker_ids || jsonb_build_array(%s::text)
+            FROM picked
+            WHERE job.id = picked.id AND job.status = 'ready'
+            RETURNING {_RETURNING}
+            """,
+            [*filter_params, limit, owner, worker_name],
+        )
+        return self.claimed_from_rows(cursor.fetchall())
+
+    def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
+        # Outcomes go in id order, so concurrent writers lock rows in one order.
+        outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
+        cursor.execute(
+            """
+            UPDATE stalwart_job AS job
+            SET status = outcome.status,
+                owner = NULL,
+                finished_at = CASE WHEN outcome.status IN ('successful', 'failed')
+                                   THEN now() END,
+                available_at = COALESCE(outcome.available_at, job.available_at),
+                return_value = outcome.return_value::jsonb,
+                errors = COALESCE(outcome.errors::jsonb, job.errors)
+            FROM unnest(
+                %s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::timestamptz[]
+            ) AS outcome(id, attempt, status, return_value, errors, available_at)
+            WHERE job.id = outcome.id
+              AND job.status = 'running' AND job.owner = %s AND job.attempt = outcome.attempt
+            RETURNING job.id, job.finished_at
+            """,
+            [
+                [outcome.id for outcome in outcomes],
+                [outcome.attempt for outcome in outcomes],
+                [outcome.status for outcome in outcomes],
+                [outcome.return_value for outcome in outcomes],
+                [outcome.errors for outcome in outcomes],
+                [outcome.available_at for outcome in outcomes],
+                owner,
+            ],
+        )
+        return dict(cursor.fetchall())
+
+    def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
+        cursor.execute(
+            f"""
+            WITH mine AS MATERIALIZED (
+                SELECT job.id FROM stalwart_job AS job
+                JOIN unnest(%s::uuid[], %s::integer[]) AS held(id, attempt) ON held.id = job.id
+                WHERE job.status = 'running' AND job.owner = %s AND job.attempt = held.attempt
+                ORDER BY job.id
+                FOR UPDATE OF job
+            ),
+            released AS (
+                UPDATE stalwart_job AS job SET status = 'ready', owner = NULL
+                FROM mine WHERE job.id = mine.id AND job.status = 'running' AND job.owner = %s
+                RETURNING job.id, job.queue_name
+            ),
+            wake AS (
+                SELECT pg_notify('{CHANNEL}', q)
+                FROM (SELECT DISTINCT queue_name AS q FROM released) AS queues
+            )
+            SELECT id FROM released, (SELECT count(*) FROM wake) AS woken
+            """,
+            [[job_id for job_id, _ in jobs], [attempt for _, attempt in jobs], owner, owner],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+    def release_owner(
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+    ) -> list[Released]:
+        cursor.execute(
+            f"""
+            WITH held AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'running' AND owner = %s
+                ORDER BY id
+                FOR UPDATE
+            ),
+            released AS (
+                UPDATE stalwart_job AS job
+                SET status = CASE WHEN job.attempt >= job.max_attempts
+                                  THEN 'failed' ELSE 'ready' END,
+                    finished_at = CASE WHEN job.attempt >= job.max_attempts THEN now() END,
+                    owner = NULL,
+                    errors = job.errors || jsonb_build_array(jsonb_build_object(
+                        'exception_class_path', %s::text, 'traceback', %s::text))
+                FROM held
+                WHERE job.id = held.id AND job.status = 'running' AND job.owner = %s
+                RETURNING job.id, job.status, job.queue_name
+            ),
+            wake AS (
+                SELECT pg_notify('{CHANNEL}', q)
+                FROM (SELECT DISTINCT queue_name AS q FROM released WHERE status = 'ready') AS qs
+            )
+            SELECT id, status, queue_name FROM released, (SELECT count(*) FROM wake) AS woken
+            """,
+            [owner, error_class, error_text, owner],
+        )
+        return [Released(*row) for row in cursor.fetchall()]
+
+    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> int:
+        wake = (
+            f", wake AS (SELECT pg_notify('{CHANNEL}', q) "
+            "FROM (SELECT DISTINCT queue_name AS q FROM promoted) AS qs)"
+            if notify
+            else ""
+        )
+        cursor.execute(
+            f"""
+            WITH due AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'scheduled' AND available_at <= now()
+                ORDER BY available_at, id
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            ),
+            promoted AS (
+                UPDATE stalwart_job AS job SET status = 'ready'
+                FROM due WHERE job.id = due.id AND job.status = 'scheduled'
+                RETURNING job.queue_name
+            ){wake}
+            SELECT count(*){", (SELECT count(*) FROM wake)" if notify else ""} FROM promoted
+            """,
+            [limit],
+        )
+        return cursor.fetchone()[0]
+
+    def notify(self, cursor: Any, queue_names: Sequence[str]) -> None:
+        if queue_names:
+            cursor.execute(
+                f"SELECT count(pg_notify('{CHANNEL}', q)) FROM unnest(%s::text[]) AS q",
+                [sorted(set(queue_names))],
+            )

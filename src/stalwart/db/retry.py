@@ -1,0 +1,59 @@
+"""Retrying whole transactions that failed for a transient reason, with jittered backoff."""
+
+import random
+import time
+from collections.abc import Callable
+
+from django.db import DatabaseError, InterfaceError, connections
+
+from stalwart import events
+from stalwart.db.errors import is_transient
+
+
+def retry_transient[T](
+    alias: str,
+    operation: Callable[[], T],
+    *,
+    what: str,
+    attempts: int = 6,
+    first_delay: float = 0.02,
+    max_delay: float = 2.0,
+) -> T:
+    """Run ``operation`` (one whole transaction of ours), retrying transient failures.
+
+    Never retries inside a transaction the caller owns: the error would have poisoned it.
+    """
+    connection = connections[alias]
+    delay = first_delay
+    for attempt in range(1, attempts + 1):
+        try:
+            return operation()
+        except (DatabaseError, InterfaceError) as error:
+            if connection.in_atomic_block or not is_transient(error) or attempt == attempts:
+                raise
+            events.emit(
+                "database_retry",
+                what=what,
+                attempt=attempt,
+                error=f"{type(error).__name__}: {error}",
+            )
+            reset_if_broken(alias)
+            time.sleep(delay * random.uniform(0.5, 1.5))  # noqa: S311 - jitter, not secrecy
+            delay = min(delay * 2, max_delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def reset_if_broken(alias: str) -> None:
+    """Close this thread's connection if it can no longer be used; the next use reconnects."""
+    connection = connections[alias]
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    try:
+        usable = connection.is_usable()
+    except Exception:  # noqa: BLE001 - any failure to answer means unusable
+        usable = False
+    if not usable:
+        try:
+            connection.close()
+        except DatabaseError:
+            connection.connection = None  # already gone; forget it so the next use reconnects

@@ -1,0 +1,139 @@
+"""SQLite: one writer at a time, so each step is one write statement or one write transaction.
+
+A single ``UPDATE … RETURNING`` takes the write lock before it reads, so the claim cannot
+read rows another writer is changing (and ``select_for_update()`` would be a no-op here
+anyway). Steps of several statements run in a transaction whose first statement writes, so
+it never has to upgrade a read lock. The host clock stands in for the database clock: SQLite
+lives on one host.
+"""
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from stalwart.db.base import CLAIM_COLUMNS, ClaimedJob, Outcome, Released, Statements
+from stalwart.queues import QueuePattern
+
+_RETURNING = ", ".join(CLAIM_COLUMNS)
+
+
+class SQLiteStatements(Statements):
+    vendor = "sqlite"
+    insert_chunk = 2000  # 14 parameters a row, under SQLite's 32,766
+
+    def claim(
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        worker_name: str,
+        pattern: QueuePattern,
+        excluded: Sequence[QueuePattern],
+        limit: int,
+    ) -> list[ClaimedJob]:
+        conditions, filter_params = self.queue_filter(pattern, excluded)
+        now = self.now_param()
+        cursor.execute(
+            f"""
+            UPDATE stalwart_job
+            SET status = 'running',
+                owner = %s,
+                attempt = attempt + 1,
+                started_at = COALESCE(started_at, %s),
+                last_attempted_at = %s,
+                worker_ids = json_insert(worker_ids, '$[#]', %s)
+            WHERE status = 'ready' AND id IN (
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' {conditions}
+                ORDER BY priority DESC, available_at, id
+                LIMIT %s
+            )
+            RETURNING {_RETURNING}
+            """,
+            [owner, now, now, worker_name, *filter_params, limit],
+        )
+        return self.claimed_from_rows(cursor.fetchall())
+
+    def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
+        now = self.now_param()
+        written = {}
+        for outcome in outcomes:
+            final = outcome.status in ("successful", "failed")
+            cursor.execute(
+                """
+                UPDATE stalwart_job
+                SET status = %s, owner = NULL, finished_at = %s,
+                    available_at = COALESCE(%s, available_at),
+                    return_value = %s, errors = COALESCE(%s, errors)
+                WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
+                RETURNING finished_at
+                """,
+                [
+                    outcome.status,
+                    now if final else None,
+                    self.datetime_param(outcome.available_at),
+                    outcome.return_value,
+                    outcome.errors,
+                    self.uuid_param(outcome.id),
+                    owner,
+                    outcome.attempt,
+                ],
+            )
+            row = cursor.fetchone()
+            if row is not None:
+                written[outcome.id] = row[0]
+        if written:
+            # Decode the stored timestamps the way the ORM would.
+            field = self.connection.ops.convert_datetimefield_value
+            written = {key: field(value, None, self.connection) for key, value in written.items()}
+        return written
+
+    def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
+        released = []
+        for job_id, attempt in jobs:
+            cursor.execute(
+                """
+                UPDATE stalwart_job SET status = 'ready', owner = NULL
+                WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
+                """,
+                [self.uuid_param(job_id), owner, attempt],
+            )
+            if cursor.rowcount:
+                released.append(job_id)
+        return released
+
+    def release_owner(
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+    ) -> list[Released]:
+        error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
+        cursor.execute(
+            """
+            UPDATE stalwart_job
+            SET status = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'ready' END,
+                finished_at = CASE WHEN attempt >= max_attempts THEN %s END,
+                owner = NULL,
+                errors = json_insert(errors, '$[#]', json(%s))
+            WHERE status = 'running' AND owner = %s
+            RETURNING id, status, queue_name
+            """,
+            [self.now_param(), error, owner],
+        )
+        pk = self.connection.ops.convert_uuidfield_value
+        return [
+            Released(pk(row[0], None, self.connection), row[1], row[2]) for row in cursor.fetchall()
+        ]
+
+    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> int:
+        cursor.execute(
+            """
+            UPDATE stalwart_job SET status = 'ready'
+            WHERE status = 'scheduled' AND id IN (
+                SELECT id FROM stalwart_job
+                WHERE status = 'scheduled' AND available_at <= %s
+                ORDER BY available_at, id
+                LIMIT %s
+            )
+            """,
+            [self.now_param(), limit],
+        )
+        return cursor.rowcount

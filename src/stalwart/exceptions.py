@@ -1,0 +1,50 @@
+"""Exceptions raised by Stalwart. Each one carries the facts that explain it."""
+
+from django.core.exceptions import ImproperlyConfigured
+from django.tasks.exceptions import InvalidTask
+
+
+class InvalidTaskArguments(InvalidTask, ValueError):
+    """Arguments (or a return value) that would not survive a JSON round trip."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path} {problem}")
+
+
+class ArgumentsTooLarge(InvalidTask, ValueError):
+    """Encoded arguments larger than the configured ``max_arguments_size``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"Task arguments take {size} bytes as JSON, over the limit of {limit} bytes "
+            "(OPTIONS['max_arguments_size'])."
+        )
+
+
+class InvalidQueueName(InvalidTask, ValueError):
+    """A queue name outside the allowed alphabet or length."""
+
+
+class ConfigurationError(ImproperlyConfigured):
+    """An invalid ``TASKS[alias]['OPTIONS']`` entry; the message names the setting."""
+
+
+class TaskNotFound(Exception):
+    """A stored task path that does not resolve to a ``django.tasks`` task object."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path!r} {reason}")
+
+
+class ProcessDied(Exception):
+    """Recorded as a job's error when the process running it died."""
+
+
+class NotAStalwartBackend(TypeError):
+    """A Stalwart-only API was called for a task whose backend is not Stalwart."""

@@ -1,0 +1,67 @@
+"""The one place that turns events into log lines, on the ``stalwart`` logger.
+
+Each line reads ``action=<name> key=value …`` and carries the same data as ``extra``:
+``record.action`` and ``record.stalwart`` (a dict of the fields), for structured handlers.
+Argument values are never logged. A failed job logs its traceback once, here.
+"""
+
+import logging
+from typing import Any
+
+from stalwart import events
+
+logger = logging.getLogger("stalwart")
+
+# Polling and per-job bookkeeping stay below INFO; outcomes and lifecycle are INFO and up.
+_LEVELS = {
+    "job_enqueued": logging.DEBUG,
+    "jobs_claimed": logging.DEBUG,
+    "job_started": logging.DEBUG,
+    "job_succeeded": logging.INFO,
+    "job_failed": logging.ERROR,
+    "job_retry_scheduled": logging.WARNING,
+    "job_result_discarded": logging.WARNING,
+    "jobs_released": logging.WARNING,
+    "jobs_promoted": logging.DEBUG,
+    "database_retry": logging.WARNING,
+    "process_started": logging.INFO,
+    "process_registered": logging.DEBUG,
+    "process_stopping": logging.INFO,
+    "process_stopped": logging.INFO,
+    "process_fenced": logging.ERROR,
+    "process_pruned": logging.WARNING,
+    "process_exited": logging.WARNING,
+    "process_replaced": logging.INFO,
+    "heartbeat_failed": logging.WARNING,
+    "listener_failed": logging.WARNING,
+}
+
+_MULTILINE_FIELDS = ("traceback",)
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}".rstrip("0").rstrip(".") if value else "0"
+    text = str(value)
+    return f'"{text}"' if (" " in text or not text) else text
+
+
+def log_event(action: str, fields: dict[str, Any]) -> None:
+    level = _LEVELS.get(action, logging.INFO)
+    if not logger.isEnabledFor(level):
+        return
+    parts = [f"action={action}"]
+    parts.extend(
+        f"{key}={_format_value(value)}"
+        for key, value in fields.items()
+        if key not in _MULTILINE_FIELDS and value is not None
+    )
+    message = " ".join(parts)
+    traceback = fields.get("traceback")
+    if traceback:
+        message = f"{message}\n{traceback.rstrip()}"
+    logger.log(level, message, extra={"action": action, "stalwart": fields})
+
+
+def install() -> None:
+    events.subscribe(log_event)

@@ -1,0 +1,105 @@
+"""The job table: one row per enqueued call, one state column."""
+
+from django.db import models
+from django.tasks import TaskResultStatus
+
+
+class JobStatus(models.TextChoices):
+    """A job is in exactly one of these states; see docs/explanation/state-machine.md."""
+
+    SCHEDULED = "scheduled", "Scheduled"  # waiting for its time (run_after, retry delay)
+    BLOCKED = "blocked", "Blocked"  # waiting for a concurrency slot
+    READY = "ready", "Ready"  # claimable now
+    RUNNING = "running", "Running"  # claimed by a process (owner) for one attempt
+    SUCCESSFUL = "successful", "Successful"
+    FAILED = "failed", "Failed"
+
+    @property
+    def task_result_status(self) -> TaskResultStatus:
+        """The ``django.tasks`` status this state is reported as."""
+        return _TASK_RESULT_STATUS[self]
+
+
+_TASK_RESULT_STATUS = {
+    JobStatus.SCHEDULED: TaskResultStatus.READY,
+    JobStatus.BLOCKED: TaskResultStatus.READY,
+    JobStatus.READY: TaskResultStatus.READY,
+    JobStatus.RUNNING: TaskResultStatus.RUNNING,
+    JobStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
+    JobStatus.FAILED: TaskResultStatus.FAILED,
+}
+
+
+class Job(models.Model):
+    """A task call. The hot statements on this table live in ``stalwart.db``."""
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    task_path = models.CharField(max_length=255)
+    backend = models.CharField(max_length=64, default="default")
+    queue_name = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=JobStatus.choices)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    # When the caller asked the job to run (None: as soon as possible).
+    run_after = models.DateTimeField(null=True, blank=True)
+    # When the job became (or becomes) claimable: the claim orders by it within a priority.
+    available_at = models.DateTimeField()
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Claims so far; the claim increments it, and finishing is fenced on it.
+    attempt = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    # The process row that holds the job while it runs (no foreign key: process rows are
+    # deleted when pruned, and the fencing must outlive them).
+    owner = models.BigIntegerField(null=True, blank=True)
+    worker_ids = models.JSONField(default=list)
+    errors = models.JSONField(default=list)
+    return_value = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "stalwart_job"
+        indexes = [
+            # The claim: ORDER BY priority DESC, available_at, id within one queue...
+            models.Index(
+                fields=["queue_name", "-priority", "available_at", "id"],
+                condition=models.Q(status="ready"),
+                name="stalwart_job_claim_queue",
+            ),
+            # ...or across every queue (workers on '*').
+            models.Index(
+                fields=["-priority", "available_at", "id"],
+                condition=models.Q(status="ready"),
+                name="stalwart_job_claim_any",
+            ),
+            # Scheduled jobs that fall due.
+            models.Index(
+                fields=["available_at"],
+                condition=models.Q(status="scheduled"),
+                name="stalwart_job_due",
+            ),
+            # Jobs held by a process: release when it dies.
+            models.Index(
+                fields=["owner"],
+                condition=models.Q(status="running"),
+                name="stalwart_job_owner",
+            ),
+            # Failed jobs by queue (status pages, retry and discard in bulk).
+            models.Index(
+                fields=["queue_name", "finished_at"],
+                condition=models.Q(status="failed"),
+                name="stalwart_job_failed",
+            ),
+            # Retention: finished jobs by age. Partial indexes keep every claim and finish
+            # down to two index insertions (primary key and one partial index).
+            models.Index(
+                fields=["status", "finished_at"],
+                condition=models.Q(status__in=["successful", "failed"]),
+                name="stalwart_job_finished",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} [{self.status}] {self.id}"

@@ -1,0 +1,1 @@
+"""The long-running roles: worker, dispatcher, scheduler, and the supervisor that forks them."""

@@ -1,0 +1,148 @@
+"""Running one claimed job in a worker thread, and cleaning up after it.
+
+Whatever the task does (return, raise ``Exception``, ``SystemExit``, ``KeyboardInterrupt``,
+leave a transaction open, kill its connection), the result is an ``Outcome`` for the worker to
+write and a thread whose connections are fit for the next job.
+"""
+
+import time
+from dataclasses import dataclass
+from traceback import format_exception
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.signals import task_started
+
+from stalwart.db import ClaimedJob, Outcome
+from stalwart.models import JobStatus
+from stalwart.resolution import resolve_task
+from stalwart.results import bind_task, make_result, task_errors
+from stalwart.serialization import dumps, normalize
+
+
+@dataclass(slots=True)
+class Finished:
+    """One attempt, run: what to write, and the result to report once it is written."""
+
+    job: ClaimedJob
+    outcome: Outcome
+    result: TaskResult | None  # None when the task could not even be resolved
+    duration: float
+    error: TaskError | None = None
+    return_value: Any = None
+
+
+def error_for(exception: BaseException) -> TaskError:
+    kind = type(exception)
+    return TaskError(
+        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+        traceback="".join(format_exception(exception)),
+    )
+
+
+def encode_errors(errors: list[TaskError]) -> str:
+    return dumps(
+        [{"exception_class_path": e.exception_class_path, "traceback": e.traceback} for e in errors]
+    )
+
+
+def _failed(
+    job: ClaimedJob, result: TaskResult | None, error: TaskError, started: float
+) -> Finished:
+    errors = [*task_errors(job.errors), error]
+    return Finished(
+        job=job,
+        outcome=Outcome(
+            id=job.id, attempt=job.attempt, status=JobStatus.FAILED, errors=encode_errors(errors)
+        ),
+        result=result,
+        duration=time.monotonic() - started,
+        error=error,
+    )
+
+
+def run_job(job: ClaimedJob, sender: type) -> Finished:
+    """Run one attempt of ``job`` in this thread and describe its outcome."""
+    started = time.monotonic()
+    try:
+        try:
+            task = bind_task(
+                resolve_task(job.task_path),
+                priority=job.priority,
+                queue_name=job.queue_name,
+                run_after=job.run_after,
+                backend=job.backend,
+            )
+        except Exception as exception:  # noqa: BLE001 - an unrunnable job fails, the worker goes on
+            return _failed(job, None, error_for(exception), started)
+        result = make_result(
+            task,
+            job_id=job.id,
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            finished_at=None,
+            last_attempted_at=job.last_attempted_at,
+            args=job.args,
+            kwargs=job.kwargs,
+            backend=job.backend,
+            errors=task_errors(job.errors),
+            worker_ids=list(job.worker_ids),
+        )
+        try:
+            task_started.send(sender=sender, task_result=result)
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
+            else:
+                value = task.call(*job.args, **job.kwargs)
+            value = normalize(value, "return value")
+        except BaseException as exception:  # noqa: BLE001 - SystemExit and friends fail the job only
+            return _failed(job, result, error_for(exception), started)
+        return Finished(
+            job=job,
+            outcome=Outcome(
+                id=job.id,
+                attempt=job.attempt,
+                status=JobStatus.SUCCESSFUL,
+                return_value=None if value is None else dumps(value),
+            ),
+            result=result,
+            duration=time.monotonic() - started,
+            return_value=value,
+        )
+    finally:
+        reset_connections_after_job()
+
+
+def reset_connections_after_job() -> None:
+    """Make this thread's connections fit for the next job, without reconnecting needlessly.
+
+    A connection left inside a transaction (or with autocommit off) is closed, which rolls the
+    transaction back; one that saw errors is kept only if it still answers. Healthy connections
+    are reused across jobs whatever ``CONN_MAX_AGE`` says: a worker thread is a long request.
+    """
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        abandoned = (
+            connection.in_atomic_block
+            or connection.closed_in_transaction
+            or not connection.get_autocommit()
+        )
+        try:
+            if abandoned:
+                # Forget the job's transaction, then its connection: closing rolls it back.
+                connection.in_atomic_block = False
+                connection.closed_in_transaction = False
+                connection.close()
+            elif connection.errors_occurred:
+                if connection.is_usable():
+                    connection.errors_occurred = False
+                else:
+                    connection.close()
+        except DatabaseError:
+            pass
+        if abandoned or connection.errors_occurred:
+            connection.connection = None  # whatever happened above, reconnect on next use

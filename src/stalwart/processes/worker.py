@@ -1,0 +1,243 @@
+"""The worker: claims jobs for its idle threads, runs them, writes their outcomes in batches.
+
+The main thread alone talks to the job table (claim, finish, release) on its own connection;
+job threads only run tasks. So a task that breaks its own connection cannot break the
+bookkeeping, and outcomes that finish together are written in one statement.
+"""
+
+import time
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_finished
+
+from stalwart import events
+from stalwart.conf import Options, WorkerOptions
+from stalwart.db import ClaimedJob
+from stalwart.db.errors import is_transient
+from stalwart.jobs import JobStore
+from stalwart.models import JobStatus
+from stalwart.processes.base import EXIT_RECYCLE, Role
+from stalwart.processes.listener import Listener
+from stalwart.processes.pool import JobPool
+from stalwart.processes.runner import Finished, run_job
+
+PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
+
+
+class Worker(Role):
+    kind = "worker"
+
+    def __init__(
+        self,
+        *,
+        config: Options,
+        worker: WorkerOptions,
+        name: str | None = None,
+        supervisor: int | None = None,
+        promote_scheduled: bool = False,
+        stop_when_empty: bool = False,
+    ) -> None:
+        super().__init__(config=config, name=name, supervisor=supervisor)
+        self.worker = worker
+        self.selector = worker.queues
+        self.store = JobStore(self.database, notify=config.listen_notify)
+        self.promote_scheduled = promote_scheduled
+        self.stop_when_empty = stop_when_empty
+        self.pool = JobPool(worker.threads, self._run_job, self.waker.wake)
+        self.held: dict[Any, ClaimedJob] = {}  # claimed by us and not yet written
+        self.jobs_done = 0
+        self.abandoned_threads = False
+        self._listener: Listener | None = None
+        self._unwritten: list[Finished] = []
+        self._next_promotion = 0.0
+        from stalwart.backend import StalwartBackend
+
+        self._sender = StalwartBackend
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            **super().metadata(),
+            "queues": str(self.selector),
+            "threads": self.worker.threads,
+            "busy": self.pool.busy,
+            "jobs_done": self.jobs_done,
+        }
+
+    def _show_state(self) -> None:
+        busy = self.pool.busy
+        state = "idle" if not busy else f"{busy} of {self.pool.size} busy"
+        if self.stop_requested:
+            state = f"stopping, {state}"
+        self.set_title(f"[{self.selector}] {state}")
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def poll_interval(self) -> float:
+        if self.worker.poll_interval is not None:
+            return self.worker.poll_interval
+        return 1.0 if self._listener is not None else 0.2
+
+    def main(self) -> None:
+        if self.config.listen_notify and connections[self.database].vendor == "postgresql":
+            self._listener = Listener(self.database, self.selector.serves, self.waker.wake)
+            self._listener.start()
+        self.pool.start()
+        poll = self.poll_interval()
+        while not self.stop_requested:
+            try:
+                more = self._tick()
+            except DatabaseError as error:
+                if not is_transient(error):
+                    raise
+                # The database is away: keep the outcomes, keep trying. If it stays away past
+                # the alive threshold, the heartbeat fences this process.
+                events.emit("database_unavailable", process=self.name, error=str(error))
+                more = False
+            if more is None:
+                break
+            if not more:
+                self.waker.wait(poll)
+        self.shutdown()
+
+    def _tick(self) -> bool | None:
+        """One round: write outcomes, promote, claim. True: go again at once; None: stop."""
+        self.flush()
+        if self.promote_scheduled and time.monotonic() >= self._next_promotion:
+            self.store.promote_due()
+            self._next_promotion = time.monotonic() + PROMOTE_INTERVAL
+        if self._recycle_due():
+            self.exit_status = EXIT_RECYCLE
+            self.request_stop()
+            return None
+        idle = self.pool.idle
+        claimed: list[ClaimedJob] = []
+        if idle:
+            claimed = self.store.claim(
+                owner=self.registration.id,
+                worker_name=self.name,
+                selector=self.selector,
+                limit=idle,
+            )
+            if claimed:
+                events.emit("jobs_claimed", process=self.name, count=len(claimed))
+            for job in claimed:
+                self.held[job.id] = job
+                self.pool.submit(job)
+        self._show_state()
+        if self.stop_when_empty and not claimed and not self.held and self._drained():
+            return None
+        # A full claim means the pool is busy: the next wake-up is a job finishing.
+        return bool(claimed) and len(claimed) == idle and self.pool.idle > 0
+
+    def _drained(self) -> bool:
+        from stalwart.models import Job
+
+        pending = Job.objects.using(self.database).filter(
+            status__in=[JobStatus.READY, JobStatus.SCHEDULED]
+        )
+        return not any(
+            self.selector.serves(name)
+            for name in pending.values_list("queue_name", flat=True).distinct()
+        )
+
+    def _recycle_due(self) -> bool:
+        return self.worker.max_jobs is not None and self.jobs_done >= self.worker.max_jobs
+
+    def _run_job(self, job: ClaimedJob) -> Finished:
+        events.emit("job_started", job=job.id, task=job.task_path, attempt=job.attempt)
+        return run_job(job, self._sender)
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write every finished attempt we still own, in one statement, then report them."""
+        finished = self._unwritten + self.pool.take_finished()
+        if not finished:
+            return
+        self._unwritten = finished  # kept until written, should the write fail
+        written = self.store.finish(
+            owner=self.registration.id, outcomes=[item.outcome for item in finished]
+        )
+        self._unwritten = []
+        for item in finished:
+            self.held.pop(item.job.id, None)
+            self.jobs_done += 1
+            if item.job.id not in written:
+                events.emit(
+                    "job_result_discarded",
+                    job=item.job.id,
+                    task=item.job.task_path,
+                    attempt=item.job.attempt,
+                    reason="the job is no longer ours (released or taken over)",
+                )
+                continue
+            self._report(item, written[item.job.id])
+
+    def _report(self, item: Finished, finished_at: Any) -> None:
+        outcome, result = item.outcome, item.result
+        fields = {
+            "job": item.job.id,
+            "task": item.job.task_path,
+            "attempt": item.job.attempt,
+            "duration": item.duration,
+        }
+        if outcome.status == JobStatus.SUCCESSFUL:
+            events.emit("job_succeeded", **fields)
+        else:
+            events.emit(
+                "job_failed",
+                **fields,
+                error=item.error.exception_class_path if item.error else None,
+                traceback=item.error.traceback if item.error else None,
+            )
+        if result is None:
+            return
+        status = JobStatus(outcome.status).task_result_status
+        object.__setattr__(result, "status", status)
+        object.__setattr__(result, "finished_at", finished_at)
+        if status == TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", item.return_value)
+        elif item.error is not None:
+            result.errors.append(item.error)
+        task_finished.send(sender=self._sender, task_result=result)
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Let running jobs finish within the shutdown timeout; release what is still running."""
+        events.emit(
+            "process_stopping", process=self.name, running=self.pool.busy, immediate=self.immediate
+        )
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while self.pool.busy and not self.immediate:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._show_state()
+            self.waker.wait(min(remaining, 1.0))
+            self.flush()
+        if self.fenced_reason is None:
+            self.flush()
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener.join(2.0)
+        leftover = [(job.id, job.attempt) for job in self.held.values()]
+        if self.pool.busy:
+            # These threads are still running: the caller must end the process right after
+            # this (os._exit), so that released jobs never run here and elsewhere at once.
+            self.abandoned_threads = True
+        if leftover and self.fenced_reason is None:
+            released = self.store.release(owner=self.registration.id, jobs=leftover)
+            if released:
+                events.emit(
+                    "jobs_released",
+                    process=self.name,
+                    count=len(released),
+                    reason="immediate stop" if self.immediate else "shutdown timeout",
+                )
+        self.held.clear()
+        self.pool.stop(wait=False)

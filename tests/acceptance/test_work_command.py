@@ -1,0 +1,115 @@
+"""``manage.py queue work`` as a real process, stopped with real signals."""
+
+import signal
+
+import pytest
+from django.db import connections
+from django.tasks import TaskResultStatus
+
+from stalwart.models import Job, Process
+from tests.helpers import Child, child_env, wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def start_worker(*extra: str, **env: str) -> Child:
+    connections.close_all()
+    worker = Child(
+        "queue", "work", "--threads", "2", "--poll-interval", "0.05", *extra, env=child_env(**env)
+    )
+    wait_for(
+        lambda: (
+            worker.process.poll() is not None or Process.objects.filter(pid=worker.pid).exists()
+        ),
+        timeout=30,
+        message="the worker to register",
+    )
+    return worker
+
+
+def running(job_id: str) -> bool:
+    return Job.objects.filter(pk=job_id, status="running").exists()
+
+
+def test_term_lets_a_job_shorter_than_the_timeout_finish_once():
+    result = tasks.record.enqueue(label="short", sleep=1.0)
+    with start_worker("--shutdown-timeout", "20") as worker:
+        wait_for(lambda: running(result.id), message="the job to start")
+        worker.signal(signal.SIGTERM)
+        worker.signal(signal.SIGTERM)  # a repeated TERM does not cut the drain short
+        assert worker.wait(timeout=30) == 0, worker.output
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert Execution.objects.filter(label="short").count() == 1
+    assert not Process.objects.exists()
+    # Started again, a worker finds nothing to re-run.
+    with start_worker("--stop-when-empty") as again:
+        assert again.wait(timeout=30) == 0
+    assert Execution.objects.filter(label="short").count() == 1
+
+
+def test_term_releases_a_job_longer_than_the_timeout_and_it_runs_again_once():
+    result = tasks.record.enqueue(label="long", sleep=3.0)
+    with start_worker("--shutdown-timeout", "0.5") as worker:
+        wait_for(lambda: running(result.id), message="the job to start")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+    job = Job.objects.get(pk=result.id)
+    assert (job.status, job.owner, job.attempt) == ("ready", None, 1)
+    assert "action=jobs_released" in worker.output
+    # The abandoned thread died with its process: it never recorded an execution.
+    assert Execution.objects.filter(label="long").count() == 0
+    with start_worker("--stop-when-empty") as again:
+        assert again.wait(timeout=30) == 0, again.output
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.attempts == 2
+    assert Execution.objects.filter(label="long").count() == 1
+
+
+def test_quit_releases_running_jobs_at_once():
+    result = tasks.record.enqueue(label="quit", sleep=30)
+    with start_worker("--shutdown-timeout", "60") as worker:
+        wait_for(lambda: running(result.id), message="the job to start")
+        worker.signal(signal.SIGQUIT)
+        assert worker.wait(timeout=15) == 0, worker.output
+    assert Job.objects.get(pk=result.id).status == "ready"
+    assert not Process.objects.exists()
+
+
+def test_stop_when_empty_drains_and_exits():
+    results = [tasks.add.enqueue(i, i) for i in range(20)]
+    with start_worker("--stop-when-empty") as worker:
+        assert worker.wait(timeout=30) == 0, worker.output
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize("args", [("--help",), ("work", "--help")])
+def test_help_works(args):
+    with Child("queue", *args) as child:
+        assert child.wait() == 0
+    assert "usage:" in child.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("work", "--threads", "0"), "'0' must be at least 1"),
+        (("work", "--threads", "many"), "'many' is not a whole number"),
+        (("work", "--queues", "bad name"), "may contain only letters"),
+        (("work", "--poll-interval", "-1"), "must not be negative"),
+        (("work", "--backend", "nope"), "TASKS['nope'] cannot be loaded"),
+        (("work", "--backend", "immediate"), "not stalwart.backend.StalwartBackend"),
+        (("frobnicate",), "invalid choice: 'frobnicate'"),
+        ((), "the following arguments are required: SUBCOMMAND"),
+    ],
+)
+def test_bad_arguments_fail_clearly(args, message):
+    with Child("queue", *args) as child:
+        assert child.wait() != 0
+    assert message in child.output
+    assert "Traceback" not in child.output

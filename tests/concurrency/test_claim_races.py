@@ -1,0 +1,216 @@
+"""Deterministic claim races on two (or three) real connections.
+
+On PostgreSQL, a test-only trigger pauses one claim in the middle of its statement (after it
+has locked its rows, before it has updated them) until the test lets it go, so the other
+connections act at exactly that moment.
+"""
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection, connections
+
+from stalwart import Call, enqueue_many
+from stalwart.jobs import JobStore
+from stalwart.models import Job
+from stalwart.queues import QueueSelector
+from tests.helpers import wait_for
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVERYTHING = QueueSelector.parse("*")
+PAUSE_LOCK = 4242
+
+
+def claim(owner: int, limit: int) -> list:
+    return JobStore("default").claim(
+        owner=owner, worker_name=f"w{owner}", selector=EVERYTHING, limit=limit
+    )
+
+
+class ClaimThread(threading.Thread):
+    """A claim on its own connection; optionally paused mid-statement by the trigger."""
+
+    def __init__(self, owner: int, limit: int, *, paused: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.owner, self.limit, self.paused = owner, limit, paused
+        self.claimed: list | None = None
+        self.error: BaseException | None = None
+        self.backend_pid: int | None = None
+
+    def run(self) -> None:
+        try:
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_backend_pid()")
+                    self.backend_pid = cursor.fetchone()[0]
+                    if self.paused:
+                        cursor.execute("SET stalwart.pause = 'on'")
+            self.claimed = claim(self.owner, self.limit)
+        except BaseException as error:  # noqa: BLE001 - reported by result()
+            self.error = error
+        finally:
+            connections.close_all()
+
+    def result(self, timeout: float = 10.0) -> list:
+        self.join(timeout)
+        assert not self.is_alive(), "the claim did not finish"
+        if self.error:
+            raise self.error
+        return self.claimed
+
+
+@pytest.fixture
+def pause_trigger(vendor) -> Iterator[object]:
+    """Install the pausing trigger; yield a control connection holding the pause lock."""
+    if vendor != "postgresql":
+        pytest.skip("row-level races need PostgreSQL's row locks (SQLite has one writer)")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            CREATE OR REPLACE FUNCTION stalwart_test_pause() RETURNS trigger AS $$
+            BEGIN
+                IF current_setting('stalwart.pause', true) = 'on' THEN
+                    PERFORM pg_advisory_xact_lock_shared({PAUSE_LOCK});
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER stalwart_test_pause BEFORE UPDATE ON stalwart_job
+                FOR EACH ROW EXECUTE FUNCTION stalwart_test_pause();
+            """
+        )
+    control = connections.create_connection("default")
+    with control.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [PAUSE_LOCK])
+    try:
+        yield control
+    finally:
+        with control.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock_all()")
+        control.close()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS stalwart_test_pause ON stalwart_job")
+            cursor.execute("DROP FUNCTION IF EXISTS stalwart_test_pause()")
+
+
+def wait_until_paused(backend_pid: int) -> None:
+    def waiting() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND NOT granted",
+                [backend_pid],
+            )
+            return cursor.fetchone() is not None
+
+    wait_for(waiting, message="the claim to pause inside its statement")
+
+
+def release(control) -> None:
+    with control.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock(%s)", [PAUSE_LOCK])
+
+
+def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
+    if vendor != "postgresql":
+        pytest.skip("SQLite has no row locks: a writer waits for the database lock instead")
+    high = tasks.add.using(priority=10).enqueue(1, 1)
+    low = tasks.add.enqueue(2, 2)
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute("SELECT id FROM stalwart_job WHERE id = %s FOR UPDATE", [high.id])
+        # Had the claim waited on the lock, lock_timeout would raise instead of returning.
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")
+        first = claim(owner=1, limit=2)
+        assert [str(job.id) for job in first] == [low.id]
+        other.rollback()
+    finally:
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    second = claim(owner=2, limit=2)
+    assert [str(job.id) for job in second] == [high.id]
+    assert claim(owner=3, limit=2) == []
+
+
+def test_two_claims_at_the_same_instant_never_share_a_job(pause_trigger):
+    enqueue_many(tasks.noop, [Call() for _ in range(10)])
+    paused = ClaimThread(owner=1, limit=4, paused=True)
+    paused.start()
+    wait_until_paused(wait_for(lambda: paused.backend_pid, message="the claim to start"))
+    # The paused claim holds a row lock on the job it is updating (its locking subquery
+    # feeds the update row by row); this claim must skip that job, not wait for it.
+    concurrent = ClaimThread(owner=2, limit=10)
+    concurrent.start()
+    others = concurrent.result()
+    assert 6 <= len(others) <= 9
+    release(pause_trigger)
+    mine = paused.result()
+    # Resumed, the paused claim skips what the other took: it never returns a taken job.
+    assert len(mine) + len(others) == 10
+    assert {job.id for job in mine}.isdisjoint({job.id for job in others})
+    owners = dict(Job.objects.values_list("id", "owner"))
+    assert all(owners[job.id] == 1 for job in mine)
+    assert all(owners[job.id] == 2 for job in others)
+
+
+def test_rows_committed_during_a_claim_are_not_returned_by_it(pause_trigger):
+    before = enqueue_many(tasks.noop, [Call() for _ in range(3)])
+    paused = ClaimThread(owner=1, limit=5, paused=True)
+    paused.start()
+    wait_until_paused(wait_for(lambda: paused.backend_pid, message="the claim to start"))
+    # New, more urgent jobs are committed while the claim is between its lock and its update.
+    during = enqueue_many(tasks.noop.using(priority=100), [Call() for _ in range(5)])
+    release(pause_trigger)
+    claimed = paused.result()
+    assert sorted(str(job.id) for job in claimed) == sorted(result.id for result in before)
+    statuses = dict(Job.objects.values_list("id", "status"))
+    assert all(statuses[job.id] == "running" for job in claimed)
+    assert all(
+        Job.objects.get(pk=result.id).status == "ready"
+        and Job.objects.get(pk=result.id).owner is None
+        for result in during
+    )
+
+
+def test_many_threads_claiming_at_once_get_disjoint_jobs():
+    enqueue_many(tasks.noop, [Call() for _ in range(300)])
+    threads = [ClaimThread(owner=owner, limit=25) for owner in range(1, 9)]
+    for thread in threads:
+        thread.start()
+    results = [thread.result(timeout=30) for thread in threads]
+    ids = [job.id for claimed in results for job in claimed]
+    assert len(ids) == len(set(ids)) == 200
+    for owner, claimed in enumerate(results, start=1):
+        assert all(Job.objects.get(pk=job.id).owner == owner for job in claimed)
+
+
+def test_sqlite_claims_wait_for_the_writer_and_then_see_its_changes(vendor):
+    if vendor != "sqlite":
+        pytest.skip("PostgreSQL's row-lock races are covered above")
+    enqueue_many(tasks.noop, [Call() for _ in range(6)])
+    writer = connections.create_connection("default")
+    try:
+        writer.set_autocommit(False)
+        with writer.cursor() as cursor:
+            # Another process claims three jobs in an open write transaction.
+            cursor.execute(
+                "UPDATE stalwart_job SET status = 'running', owner = 99 WHERE id IN "
+                "(SELECT id FROM stalwart_job ORDER BY id LIMIT 3)"
+            )
+        waiting = ClaimThread(owner=1, limit=10)
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive(), "the claim must wait for the writer, not read around it"
+        writer.commit()
+        claimed = waiting.result()
+    finally:
+        writer.close()
+    assert len(claimed) == 3
+    assert not {job.id for job in claimed} & set(
+        Job.objects.filter(owner=99).values_list("id", flat=True)
+    )

@@ -1,0 +1,176 @@
+"""Helpers for tests: bounded polling waits and workers run in threads or processes."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+from django.tasks import task_backends
+
+from stalwart.conf import WorkerOptions
+from stalwart.processes.worker import Worker
+from stalwart.queues import QueueSelector
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float = 10.0, message: str = "") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message or condition}")
+        time.sleep(delay)  # polling a condition with a deadline, not synchronising on time
+        delay = min(delay * 2, 0.1)
+
+
+def make_worker(queues: str = "*", threads: int = 4, **kwargs: Any) -> Worker:
+    config = task_backends["default"].config
+    return Worker(
+        config=config,
+        worker=WorkerOptions(
+            queues=QueueSelector.parse(queues),
+            threads=threads,
+            poll_interval=kwargs.pop("poll_interval", 0.05),
+        ),
+        **kwargs,
+    )
+
+
+class WorkerThread:
+    """A worker running in a thread of the test process (it has its own connections)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as error:  # noqa: BLE001 - re-raised in the test thread
+            self.errors.append(error)
+
+    def start(self) -> "WorkerThread":
+        self.thread.start()
+        wait_for(
+            lambda: self.worker.registration.id is not None or not self.thread.is_alive(),
+            message="the worker to register",
+        )
+        return self
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the worker did not stop within {timeout} s"
+        if self.errors:
+            raise self.errors[0]
+
+
+@contextlib.contextmanager
+def worker_thread(
+    worker: Worker | None = None, *, timeout: float = 30.0, **kwargs: Any
+) -> Iterator[Worker]:
+    """Run a worker in a thread for the duration of the block, then stop it gracefully."""
+    running = WorkerThread(worker or make_worker(**kwargs)).start()
+    try:
+        yield running.worker
+    finally:
+        running.worker.request_stop()
+        running.join(timeout)
+
+
+def drain(*, timeout: float = 30.0, **kwargs: Any) -> Worker:
+    """Run a worker until no job is ready or scheduled in its queues, then return it."""
+    running = WorkerThread(make_worker(stop_when_empty=True, promote_scheduled=True, **kwargs))
+    running.start().join(timeout)
+    return running.worker
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a process that must use this test run's database and settings."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["STALWART_DB_NAME"] = str(connection.settings_dict["NAME"])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+class Child:
+    """A process running ``python -m django …`` against the test database. Always reaped."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        # A file, not a pipe: a pipe nobody reads fills up and blocks the child's logging.
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in _collect()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", *args],
+            cwd=ROOT,
+            env=env or child_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._output: str | None = None
+
+    @property
+    def output(self) -> str:
+        """Everything the child printed so far."""
+        if self._output is not None:
+            return self._output
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()
+
+    def _collect(self) -> None:
+        if self._output is None:
+            self._output = self.output
+            self._log.close()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.process.pid, signum)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """Wait for exit; on timeout kill the whole process group and fail."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.process.wait()
+            self._collect()
+            raise AssertionError(
+                f"{' '.join(self.args)} did not exit within {timeout} s:\n{self.output}"
+            ) from None
+        self._collect()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def __enter__(self) -> "Child":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        self.process.wait()
+        self._collect()

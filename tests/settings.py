@@ -1,0 +1,83 @@
+"""Settings for the test suite. ``STALWART_TEST_DATABASE`` picks the database under test.
+
+- ``sqlite`` (default): a file in the temporary directory, shared with forked workers.
+- ``postgresql``: the server named by the usual libpq variables (PGHOST, PGPORT, PGUSER,
+  PGPASSWORD), default 127.0.0.1:5432 as ``postgres``.
+
+Processes the tests start get ``STALWART_DB_NAME``: the test database itself.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+VENDOR = os.environ.get("STALWART_TEST_DATABASE", "sqlite")
+DB_NAME_OVERRIDE = os.environ.get("STALWART_DB_NAME")
+
+SECRET_KEY = "stalwart-tests-not-secret"  # noqa: S105 - test settings
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["django.contrib.contenttypes", "stalwart", "tests.testapp"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if VENDOR == "postgresql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": DB_NAME_OVERRIDE or "stalwart",
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+            "CONN_HEALTH_CHECKS": True,
+            "TEST": {"NAME": "test_stalwart"},
+        }
+    }
+elif VENDOR == "sqlite":
+    _sqlite_file = str(Path(tempfile.gettempdir()) / f"stalwart-tests-{os.getuid()}.sqlite3")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DB_NAME_OVERRIDE or _sqlite_file,
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {"NAME": _sqlite_file},
+        }
+    }
+else:
+    raise RuntimeError(f"STALWART_TEST_DATABASE must be sqlite or postgresql, not {VENDOR!r}")
+
+TASKS = {
+    "default": {
+        "BACKEND": "stalwart.backend.StalwartBackend",
+        "QUEUES": [],
+        "OPTIONS": {
+            "heartbeat_interval": float(os.environ.get("STALWART_HEARTBEAT", "0.5")),
+            "process_alive_threshold": float(os.environ.get("STALWART_ALIVE", "5")),
+            "shutdown_timeout": float(os.environ.get("STALWART_SHUTDOWN_TIMEOUT", "10")),
+        },
+    },
+    "limited": {
+        "BACKEND": "stalwart.backend.StalwartBackend",
+        "QUEUES": ["default", "other"],
+        "OPTIONS": {"max_arguments_size": 1024},
+    },
+    "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend", "QUEUES": []},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"}
+    },
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "stalwart": {"handlers": ["stderr"], "level": os.environ.get("STALWART_LOG_LEVEL", "INFO")},
+        "django.tasks": {"handlers": ["stderr"], "level": "WARNING"},
+    },
+}

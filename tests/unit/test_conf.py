@@ -1,0 +1,69 @@
+import pytest
+
+from stalwart.conf import MIB, read_options
+from stalwart.exceptions import ConfigurationError
+
+
+def read(options):
+    return read_options("default", {"OPTIONS": options})
+
+
+def test_defaults_work_for_a_small_app():
+    config = read({})
+    assert config.database == "default"
+    assert config.heartbeat_interval == 10
+    assert config.process_alive_threshold == 60
+    assert config.max_arguments_size == MIB
+    assert len(config.workers) == 1
+    assert config.workers[0].threads == 5
+    assert str(config.workers[0].queues) == "*"
+
+
+def test_worker_entries_are_read_in_order():
+    config = read(
+        {
+            "workers": [
+                {"queues": "high,default", "threads": 8, "processes": 2},
+                {"queues": ["low"], "threads": 1},
+            ]
+        }
+    )
+    assert [str(w.queues) for w in config.workers] == ["high,default", "low"]
+    assert [w.threads for w in config.workers] == [8, 1]
+    assert config.workers[0].processes == 2
+
+
+def test_command_line_overrides_replace_only_what_is_given():
+    config = read({"workers": [{"queues": "a", "threads": 8}]})
+    worker = config.worker(threads=2, queues=None)
+    assert worker.threads == 2
+    assert str(worker.queues) == "a"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"threads": 3}, "TASKS['default']['OPTIONS']['threads'] is not a Stalwart setting"),
+        (
+            {"workers": [{"threads": 0}]},
+            "TASKS['default']['OPTIONS']['workers'][0]['threads'] must be a whole number from 1",
+        ),
+        ({"workers": [{"threads": "4"}]}, "['workers'][0]['threads'] must be a whole number"),
+        ({"workers": [{"queues": "bad name"}]}, "['workers'][0]['queues'] is invalid"),
+        ({"workers": [{"colour": "red"}]}, "['workers'][0]['colour'] is not a Stalwart setting"),
+        ({"workers": []}, "['workers'] must be a non-empty list of dicts"),
+        ({"workers": ["x"]}, "['workers'][0] must be a dict"),
+        ({"heartbeat_interval": -1}, "['heartbeat_interval'] must be between"),
+        (
+            {"heartbeat_interval": 10, "process_alive_threshold": 15},
+            "['process_alive_threshold'] (15 s) must be at least twice",
+        ),
+        ({"max_arguments_size": True}, "['max_arguments_size'] must be a whole number"),
+        ({"listen_notify": "yes"}, "['listen_notify'] must be True or False"),
+        ({"database": ""}, "['database'] must be a database alias"),
+    ],
+)
+def test_invalid_options_name_the_setting(options, message):
+    with pytest.raises(ConfigurationError) as caught:
+        read(options)
+    assert message in str(caught.value)
