@@ -117,7 +117,9 @@ class Role:
         try:
             self.main()
         finally:
+            # Stop beating before the row goes, or a last beat would find it gone and fence us.
             self._heartbeat.stop()
+            self._heartbeat.join(self.config.heartbeat_interval + 30)
             if self.fenced_reason is None:
                 try:
                     self.registration.deregister()
