@@ -18,7 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+# Always the benchmark's own settings: it deletes every job and process row where it runs.
+os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
 
 
 def prepare_database() -> None:
@@ -66,7 +67,7 @@ def bench_single_enqueue(count: int) -> None:
     start = time.perf_counter()
     for _ in range(count):
         noop.enqueue()
-    print(f"single enqueue          {rate(count, time.perf_counter() - start)}")
+    print(f"{'single enqueue':<28}{rate(count, time.perf_counter() - start)}")
     clear_jobs()
 
 
@@ -78,7 +79,7 @@ def bench_bulk_enqueue(count: int) -> None:
     batch = 5000
     for offset in range(0, count, batch):
         enqueue_many(noop, [Call() for _ in range(min(batch, count - offset))])
-    print(f"bulk enqueue            {rate(count, time.perf_counter() - start)}")
+    print(f"{'bulk enqueue':<28}{rate(count, time.perf_counter() - start)}")
     clear_jobs()
 
 
@@ -143,8 +144,8 @@ def bench_drain(count: int, processes: int, threads: int) -> None:
         elapsed = time.perf_counter() - start
     finally:
         stop_workers(workers)
-    label = f"drain, {processes} process{'es' if processes > 1 else ''} x {threads} threads"
-    print(f"{label:<24}{rate(count, elapsed)}")
+    label = f"drain, {processes} proc x {threads} threads"
+    print(f"{label:<28}{rate(count, elapsed)}")
     clear_jobs()
 
 
@@ -171,12 +172,14 @@ def bench_latency(samples: int) -> None:
     latencies.sort()
     p50 = statistics.median(latencies)
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    print(f"pick-up latency, idle   p50 {p50:6.1f} ms   p99 {p99:6.1f} ms  ({samples} samples)")
+    print(f"{'pick-up latency, idle':<28}p50 {p50:.1f} ms, p99 {p99:.1f} ms ({samples} samples)")
     clear_jobs()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs per drain run")
     parser.add_argument("--enqueues", type=int, default=3_000, help="single enqueues timed")
     parser.add_argument("--bulk", type=int, default=50_000, help="jobs bulk-enqueued")

@@ -59,6 +59,9 @@ TASKS = {
             "heartbeat_interval": float(os.environ.get("STALWART_HEARTBEAT", "0.5")),
             "process_alive_threshold": float(os.environ.get("STALWART_ALIVE", "5")),
             "shutdown_timeout": float(os.environ.get("STALWART_SHUTDOWN_TIMEOUT", "10")),
+            "max_attempts": int(os.environ.get("STALWART_MAX_ATTEMPTS", "5")),
+            "dispatchers": [{"polling_interval": 0.1}],
+            "scheduler": {"polling_interval": 0.2},
         },
     },
     "limited": {

@@ -1,5 +1,6 @@
 """A small Django project using Stalwart on SQLite (the zero-setup default)."""
 
+import os
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -12,7 +13,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": BASE_DIR / "db.sqlite3",
+        "NAME": os.environ.get("STALWART_DEMO_DB", BASE_DIR / "db.sqlite3"),
         "OPTIONS": {
             # Take the write lock at BEGIN, wait up to 20 s for it, and let readers and the
             # writer work side by side (WAL).

@@ -45,7 +45,7 @@ class StalwartBackend(BaseTaskBackend):
     # -- enqueue -----------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
-        return self.enqueue_many(task, [(args, kwargs)])[0]
+        return self._enqueue(task, [(args, kwargs)], bulk=False)[0]
 
     def enqueue_many(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
@@ -55,6 +55,11 @@ class StalwartBackend(BaseTaskBackend):
         ``calls`` yields ``(args, kwargs)`` pairs (``stalwart.Call`` objects are such pairs).
         Every call is validated before anything is written: one bad call enqueues none.
         """
+        return self._enqueue(task, calls, bulk=True)
+
+    def _enqueue(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]], *, bulk: bool
+    ) -> list[TaskResult]:
         self.validate_task(task)
         now = timezone.now()
         run_after = task.run_after
@@ -71,9 +76,10 @@ class StalwartBackend(BaseTaskBackend):
                 plain_args, plain_kwargs = normalize_arguments(args, kwargs)
                 encoded_args, encoded_kwargs = encode_arguments(plain_args, plain_kwargs, limit)
             except InvalidTask as error:
-                if index:
+                if bulk:
                     error.add_note(
-                        f"In call number {index} of enqueue_many(); nothing was enqueued."
+                        f"Raised for call {index + 1} (counting from 1) of enqueue_many(); "
+                        "nothing was enqueued."
                     )
                 raise
             job_id = uuid7()
@@ -112,10 +118,10 @@ class StalwartBackend(BaseTaskBackend):
         if not rows:
             return []
         self.store.insert(rows)
-        for result in results:
-            events.emit("job_enqueued", job=result.id, task=task_path, queue=task.queue_name)
         # Announce the jobs once they exist for everyone: at commit, or now in autocommit.
         transaction.on_commit(partial(self._send_enqueued, results), using=self.config.database)
+        for result in results:
+            events.emit("job_enqueued", job=result.id, task=task_path, queue=task.queue_name)
         return results
 
     def _send_enqueued(self, results: list[TaskResult]) -> None:

@@ -34,8 +34,7 @@ class Call(Sequence):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Call) and (self.args, self.kwargs) == (other.args, other.kwargs)
 
-    def __hash__(self) -> int:
-        return hash(self.args)
+    __hash__ = None  # type: ignore[assignment] - arguments may be lists and dicts
 
     def __repr__(self) -> str:
         parts = [repr(arg) for arg in self.args]

@@ -89,24 +89,39 @@ def _queues(value: str) -> QueueSelector:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
-    return number
+def _whole(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{value!r} must be at least {minimum}")
+        if number > maximum:
+            raise argparse.ArgumentTypeError(f"{value!r} must be at most {maximum}")
+        return number
+
+    return parse
 
 
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
-    return number
+def _seconds_between(minimum: float, maximum: float) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+        if not minimum <= number <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} must be between {minimum:g} and {maximum:g} seconds"
+            )
+        return number
+
+    return parse
+
+
+_positive_int = _whole(1, 1000)
+_poll_seconds = _seconds_between(0.01, 3600)
+_seconds = _seconds_between(0, 86400)
 
 
 def configure_logging(verbosity: int) -> None:
@@ -140,22 +155,27 @@ def _work_arguments(parser: argparse.ArgumentParser) -> None:
         help="Queues to claim from, in order: names, 'prefix*', '*' for all, '!name' to "
         "exclude (default: the first worker entry of OPTIONS['workers'], else '*').",
     )
-    parser.add_argument("--threads", type=_positive_int, help="Jobs run at once (default: 5).")
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        help="Jobs run at once, 1 to 1000 (default: OPTIONS['workers'][0]['threads'], else 5).",
+    )
     parser.add_argument(
         "--poll-interval",
-        type=_seconds,
-        help="Seconds between polls when idle (default: 1 with PostgreSQL LISTEN/NOTIFY, "
-        "0.2 otherwise).",
+        type=_poll_seconds,
+        help="Seconds between polls when idle (default: OPTIONS['workers'][0]['poll_interval'], "
+        "else 1 with PostgreSQL LISTEN/NOTIFY and 0.2 otherwise).",
     )
     parser.add_argument(
         "--shutdown-timeout",
         type=_seconds,
-        help="Seconds running jobs get to finish after TERM/INT before they are released.",
+        help="Seconds running jobs get to finish after TERM/INT before they are released "
+        "(default: OPTIONS['shutdown_timeout'], else 30).",
     )
     parser.add_argument(
         "--stop-when-empty",
         action="store_true",
-        help="Exit once no job is ready, scheduled or running in these queues.",
+        help="Exit once no job is ready or scheduled in these queues and this worker runs none.",
     )
 
 
@@ -184,7 +204,125 @@ def work(command: Any, options: dict[str, Any]) -> int:
         config=config,
         worker=worker_options,
         promote_scheduled=True,
+        prune_dead=True,
         stop_when_empty=options.get("stop_when_empty", False),
     )
     status = worker.run()
     return end_process(status, abandon_threads=worker.abandoned_threads)
+
+
+# -- supervise -------------------------------------------------------------------------------
+
+
+_non_negative_int = _whole(0, 1000)
+
+
+def _supervise_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queues",
+        type=_queues,
+        help="Run one kind of worker, claiming from these queues (overrides OPTIONS['workers']).",
+    )
+    parser.add_argument("--threads", type=_positive_int, help="Threads per worker process.")
+    parser.add_argument("--processes", type=_positive_int, help="Worker processes to fork.")
+    parser.add_argument(
+        "--dispatchers", type=_non_negative_int, help="Dispatcher processes to fork (default 1)."
+    )
+    parser.add_argument(
+        "--no-scheduler", action="store_true", help="Do not fork the scheduler process."
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        help="Seconds running jobs get to finish after TERM/INT before they are released "
+        "(default: OPTIONS['shutdown_timeout'], else 30).",
+    )
+
+
+def build_slots(config: Any) -> list:
+    """The children a supervisor with this configuration forks."""
+    from stalwart.processes.dispatcher import Dispatcher
+    from stalwart.processes.scheduler import Scheduler
+    from stalwart.processes.supervisor import ChildSlot
+    from stalwart.processes.worker import Worker
+
+    slots = []
+    # Without a dispatcher, workers make due jobs ready themselves.
+    workers_promote = not config.dispatchers
+    for worker_options in config.workers:
+        for _ in range(worker_options.processes):
+            slots.append(
+                ChildSlot(
+                    "worker",
+                    len(slots),
+                    lambda supervisor, parent, w=worker_options: Worker(
+                        config=config,
+                        worker=w,
+                        supervisor=supervisor,
+                        parent_pid=parent,
+                        promote_scheduled=workers_promote,
+                    ),
+                )
+            )
+    for dispatcher_options in config.dispatchers:
+        slots.append(
+            ChildSlot(
+                "dispatcher",
+                len(slots),
+                lambda supervisor, parent, d=dispatcher_options: Dispatcher(
+                    config=config, dispatcher=d, supervisor=supervisor, parent_pid=parent
+                ),
+            )
+        )
+    if config.scheduler is not None:
+        slots.append(
+            ChildSlot(
+                "scheduler",
+                len(slots),
+                lambda supervisor, parent: Scheduler(
+                    config=config,
+                    scheduler=config.scheduler,
+                    supervisor=supervisor,
+                    parent_pid=parent,
+                ),
+            )
+        )
+    return slots
+
+
+def supervised_config(config: Any, options: dict[str, Any]) -> Any:
+    """The configuration with command-line overrides applied."""
+    from dataclasses import replace
+
+    from stalwart.conf import DispatcherOptions
+
+    changes: dict[str, Any] = {}
+    if options.get("shutdown_timeout") is not None:
+        changes["shutdown_timeout"] = options["shutdown_timeout"]
+    worker_overrides = {
+        key: options.get(key)
+        for key in ("queues", "threads", "processes")
+        if options.get(key) is not None
+    }
+    if worker_overrides:
+        changes["workers"] = (config.worker(**worker_overrides),)
+    if options.get("dispatchers") is not None:
+        base = config.dispatchers[0] if config.dispatchers else DispatcherOptions()
+        changes["dispatchers"] = (base,) * options["dispatchers"]
+    if options.get("no_scheduler"):
+        changes["scheduler"] = None
+    return replace(config, **changes)
+
+
+@subcommand(
+    "supervise",
+    "Run the supervisor: fork workers, dispatchers and the scheduler, and keep them running.",
+    _supervise_arguments,
+)
+def supervise(command: Any, options: dict[str, Any]) -> int:
+    from stalwart.processes.supervisor import Supervisor
+
+    backend = get_backend(options["backend"])
+    configure_logging(options.get("verbosity", 1))
+    config = supervised_config(backend.config, options)
+    return Supervisor(config=config, slots=build_slots(config)).run()

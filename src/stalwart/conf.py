@@ -27,12 +27,29 @@ class WorkerOptions:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DispatcherOptions:
+    """A dispatcher process: makes due jobs ready, prunes dead processes."""
+
+    polling_interval: float = 1.0  # seconds between looks for due scheduled jobs
+    batch_size: int = 500  # jobs made ready per statement
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerOptions:
+    """The scheduler process: turns recurring tasks into jobs."""
+
+    polling_interval: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
     """Everything a Stalwart backend is configured with."""
 
     alias: str = "default"
     database: str = "default"
     workers: tuple[WorkerOptions, ...] = (WorkerOptions(),)
+    dispatchers: tuple[DispatcherOptions, ...] = (DispatcherOptions(),)
+    scheduler: SchedulerOptions | None = field(default_factory=SchedulerOptions)
     heartbeat_interval: float = 10.0
     process_alive_threshold: float = 60.0
     shutdown_timeout: float = 30.0
@@ -122,6 +139,29 @@ def _read_worker(values: Mapping[str, Any], where: str) -> WorkerOptions:
     return worker
 
 
+def _read_dispatcher(values: Mapping[str, Any], where: str) -> DispatcherOptions:
+    reader = _Reader(values, where)
+    dispatcher = DispatcherOptions(
+        polling_interval=reader.number("polling_interval", 1.0, minimum=0.01, maximum=3600),
+        batch_size=reader.whole("batch_size", 500, minimum=1, maximum=100_000),
+    )
+    reader.finish()
+    return dispatcher
+
+
+def _read_scheduler(values: Any, where: str) -> SchedulerOptions | None:
+    if values is False or values is None:
+        return None
+    if values is True:
+        values = {}
+    reader = _Reader(values, where)
+    scheduler = SchedulerOptions(
+        polling_interval=reader.number("polling_interval", 1.0, minimum=0.01, maximum=3600),
+    )
+    reader.finish()
+    return scheduler
+
+
 def read_options(alias: str, params: Mapping[str, Any]) -> Options:
     """Read ``TASKS[alias]["OPTIONS"]`` into an ``Options``; raise ``ConfigurationError``."""
     reader = _Reader(params.get("OPTIONS", {}), f"TASKS[{alias!r}]['OPTIONS']")
@@ -135,6 +175,14 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         _read_worker(entry, f"{reader.name('workers')}[{index}]")
         for index, entry in enumerate(workers_value)
     )
+    dispatchers_value = reader.choice(
+        "dispatchers", [{}], lambda value: isinstance(value, list | tuple), "a list of dicts"
+    )
+    dispatchers = tuple(
+        _read_dispatcher(entry, f"{reader.name('dispatchers')}[{index}]")
+        for index, entry in enumerate(dispatchers_value)
+    )
+    scheduler = _read_scheduler(reader.get("scheduler", True), reader.name("scheduler"))
     heartbeat = reader.number("heartbeat_interval", 10.0, minimum=0.05, maximum=3600)
     threshold = reader.number("process_alive_threshold", 60.0, minimum=0.2, maximum=86400)
     if threshold < 2 * heartbeat:
@@ -149,6 +197,8 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
             "database", "default", lambda v: isinstance(v, str) and v, "a database alias"
         ),
         workers=workers,
+        dispatchers=dispatchers,
+        scheduler=scheduler,
         heartbeat_interval=heartbeat,
         process_alive_threshold=threshold,
         shutdown_timeout=reader.number("shutdown_timeout", 30.0, minimum=0, maximum=86400),

@@ -1,9 +1,10 @@
 """Events: emitted where things happen, turned into log lines in one place (``stalwart.log``).
 
-``emit("job_finished", job=..., duration=...)`` calls every subscriber with the action name
+``emit("job_succeeded", job=..., duration=...)`` calls every subscriber with the action name
 and the fields. Subscribe your own callable (metrics, tracing) with ``subscribe``.
 """
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,12 @@ def unsubscribe(subscriber: Subscriber) -> None:
 
 
 def emit(action: str, /, **fields: Any) -> None:
-    """Report that ``action`` happened. Subscribers must not raise."""
+    """Report that ``action`` happened. A subscriber that raises is logged, never propagated:
+    reporting must not change what it reports on."""
     for subscriber in _subscribers:
-        subscriber(action, fields)
+        try:
+            subscriber(action, fields)
+        except Exception:
+            logging.getLogger("stalwart").exception(
+                "action=event_subscriber_failed subscriber=%r event=%s", subscriber, action
+            )

@@ -48,3 +48,15 @@ class ProcessDied(Exception):
 
 class NotAStalwartBackend(TypeError):
     """A Stalwart-only API was called for a task whose backend is not Stalwart."""
+
+
+class TransactionLeftOpen(Exception):
+    """Recorded as a job's error when its task returned inside an open transaction."""
+
+    def __init__(self, aliases: list[str]) -> None:
+        self.aliases = aliases
+        names = ", ".join(f"DATABASES[{alias!r}]" for alias in aliases)
+        super().__init__(
+            f"The task returned with a transaction still open on {names}; it was rolled back, "
+            "so its writes there are lost."
+        )

@@ -21,7 +21,7 @@ def validate_queue_name(name: object) -> str:
         )
     if not _QUEUE_NAME.fullmatch(name):
         raise InvalidQueueName(
-            f"Queue name {name!r} may contain only letters, digits, '_', '-' and '.'."
+            f"Queue name {name!r} may contain only ASCII letters, digits, '_', '-' and '.'."
         )
     return name
 

@@ -100,8 +100,9 @@ def test_help_works(args):
     [
         (("work", "--threads", "0"), "'0' must be at least 1"),
         (("work", "--threads", "many"), "'many' is not a whole number"),
-        (("work", "--queues", "bad name"), "may contain only letters"),
-        (("work", "--poll-interval", "-1"), "must not be negative"),
+        (("work", "--queues", "bad name"), "may contain only ASCII letters"),
+        (("work", "--poll-interval", "0"), "'0' must be between 0.01 and 3600 seconds"),
+        (("work", "--threads", "5000"), "'5000' must be at most 1000"),
         (("work", "--backend", "nope"), "TASKS['nope'] cannot be loaded"),
         (("work", "--backend", "immediate"), "not stalwart.backend.StalwartBackend"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
@@ -113,3 +114,44 @@ def test_bad_arguments_fail_clearly(args, message):
         assert child.wait() != 0
     assert message in child.output
     assert "Traceback" not in child.output
+
+
+def test_a_standalone_worker_prunes_dead_processes_and_runs_their_jobs():
+    from datetime import timedelta
+
+    from django.db.models import F
+
+    from stalwart.jobs import JobStore
+    from stalwart.processes.registry import Registration
+    from stalwart.queues import QueueSelector
+
+    dead = Registration("default", kind="worker", name="worker-gone-1", supervisor=None)
+    dead.register({})
+    result = tasks.record.enqueue(label="orphan")
+    JobStore("default").claim(
+        owner=dead.id, worker_name=dead.name, selector=QueueSelector.parse("*"), limit=1
+    )
+    Process.objects.filter(pk=dead.id).update(
+        last_heartbeat_at=F("last_heartbeat_at") - timedelta(seconds=60)
+    )
+    with start_worker(STALWART_ALIVE="2") as worker:
+        wait_for(
+            lambda: Job.objects.get(pk=result.id).status == "successful",
+            timeout=30,
+            message="the orphaned job to run",
+        )
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.output
+    assert "action=process_pruned process=worker-gone-1" in worker.output
+    assert not Process.objects.exists()
+
+
+def test_invalid_configuration_stops_start_up_naming_the_setting():
+    with Child(
+        "queue", "supervise", env=child_env(STALWART_HEARTBEAT="10", STALWART_ALIVE="5")
+    ) as child:
+        assert child.wait(timeout=60) != 0
+    assert "TASKS['default']['OPTIONS']['process_alive_threshold'] (5 s) must be at least" in (
+        child.output
+    )
+    assert not Process.objects.exists()

@@ -1,6 +1,7 @@
 """Tasks the tests enqueue. Each records what a user would check."""
 
 import os
+import signal
 import time
 
 from django.db import connection, transaction
@@ -88,3 +89,9 @@ def break_connection() -> None:
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     else:
         connection.connection.close()
+
+
+@task
+def kill_own_process() -> None:
+    """A poison job: it takes its worker process down with it, every time."""
+    os.kill(os.getpid(), signal.SIGKILL)

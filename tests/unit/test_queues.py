@@ -13,9 +13,9 @@ def test_valid_queue_names(name):
     ("name", "message"),
     [
         ("", "non-empty"),
-        ("has space", "only letters"),
-        ("semi;colon", "only letters"),
-        ("ünï", "only letters"),
+        ("has space", "only ASCII letters"),
+        ("semi;colon", "only ASCII letters"),
+        ("ünï", "only ASCII letters"),
         ("x" * 65, "65 characters long; the limit is 64"),
         (None, "non-empty string"),
     ],

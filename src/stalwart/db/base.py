@@ -273,7 +273,12 @@ class Statements:
     def release_owner(
         self, cursor: Any, *, owner: int, error_class: str, error_text: str
     ) -> list[Released]:
-        """Take back every job a dead process held: ready again, or failed at max_attempts."""
+        """Take back every job a dead process held, recording the death as an error.
+
+        A job whose failed attempts (errors, this one included) reach ``max_attempts`` is
+        failed; the others are ready again. A graceful release (``release``) records no
+        error, so jobs given back at each deploy are never failed for it.
+        """
         raise NotImplementedError
 
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> int:
@@ -282,3 +287,30 @@ class Statements:
 
     def notify(self, cursor: Any, queue_names: Sequence[str]) -> None:
         """Wake idle workers serving these queues (where the database can)."""
+
+    # -- the process table -----------------------------------------------------------------
+
+    def silent_since_sql(self) -> str:
+        """SQL for "the database clock minus %s seconds"."""
+        raise NotImplementedError
+
+    def silent_since_params(self, seconds: float) -> list:
+        return [seconds]
+
+    def dead_processes(self, cursor: Any, *, threshold: float, exclude: int | None) -> list:
+        """Processes whose last heartbeat is older than ``threshold`` seconds (database clock)."""
+        cursor.execute(
+            "SELECT id, kind, name, pid, hostname, supervisor FROM stalwart_process "
+            f"WHERE last_heartbeat_at < {self.silent_since_sql()} AND id <> %s ORDER BY id",
+            [*self.silent_since_params(threshold), -1 if exclude is None else exclude],
+        )
+        return cursor.fetchall()
+
+    def delete_process_if_dead(self, cursor: Any, *, process_id: int, threshold: float) -> bool:
+        """Delete the row only if it is still silent (compare-and-set); True if deleted."""
+        cursor.execute(
+            "DELETE FROM stalwart_process "
+            f"WHERE id = %s AND last_heartbeat_at < {self.silent_since_sql()}",
+            [process_id, *self.silent_since_params(threshold)],
+        )
+        return cursor.rowcount == 1

@@ -173,9 +173,10 @@ class PostgreSQLStatements(Statements):
             ),
             released AS (
                 UPDATE stalwart_job AS job
-                SET status = CASE WHEN job.attempt >= job.max_attempts
+                SET status = CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts
                                   THEN 'failed' ELSE 'ready' END,
-                    finished_at = CASE WHEN job.attempt >= job.max_attempts THEN now() END,
+                    finished_at = CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts
+                                       THEN now() END,
                     owner = NULL,
                     errors = job.errors || jsonb_build_array(jsonb_build_object(
                         'exception_class_path', %s::text, 'traceback', %s::text))
@@ -226,3 +227,6 @@ class PostgreSQLStatements(Statements):
                 f"SELECT count(pg_notify('{CHANNEL}', q)) FROM unnest(%s::text[]) AS q",
                 [sorted(set(queue_names))],
             )
+
+    def silent_since_sql(self) -> str:
+        return "now() - make_interval(secs => %s)"

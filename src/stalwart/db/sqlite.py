@@ -9,7 +9,10 @@ lives on one host.
 
 import json
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from stalwart.db.base import CLAIM_COLUMNS, ClaimedJob, Outcome, Released, Statements
 from stalwart.queues import QueuePattern
@@ -19,7 +22,7 @@ _RETURNING = ", ".join(CLAIM_COLUMNS)
 
 class SQLiteStatements(Statements):
     vendor = "sqlite"
-    insert_chunk = 2000  # 14 parameters a row, under SQLite's 32,766
+    insert_chunk = 2000  # 15 parameters a row: 30,000, under SQLite's limit of 32,766
 
     def claim(
         self,
@@ -109,8 +112,10 @@ class SQLiteStatements(Statements):
         cursor.execute(
             """
             UPDATE stalwart_job
-            SET status = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'ready' END,
-                finished_at = CASE WHEN attempt >= max_attempts THEN %s END,
+            SET status = CASE WHEN json_array_length(errors) + 1 >= max_attempts
+                              THEN 'failed' ELSE 'ready' END,
+                finished_at = CASE WHEN json_array_length(errors) + 1 >= max_attempts
+                                   THEN %s END,
                 owner = NULL,
                 errors = json_insert(errors, '$[#]', json(%s))
             WHERE status = 'running' AND owner = %s
@@ -137,3 +142,9 @@ class SQLiteStatements(Statements):
             [self.now_param(), limit],
         )
         return cursor.rowcount
+
+    def silent_since_sql(self) -> str:
+        return "%s"
+
+    def silent_since_params(self, seconds: float) -> list:
+        return [self.datetime_param(timezone.now() - timedelta(seconds=seconds))]

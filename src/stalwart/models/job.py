@@ -92,8 +92,8 @@ class Job(models.Model):
                 condition=models.Q(status="failed"),
                 name="stalwart_job_failed",
             ),
-            # Retention: finished jobs by age. Partial indexes keep every claim and finish
-            # down to two index insertions (primary key and one partial index).
+            # Retention: finished jobs by age. With partial indexes, a claim or a success
+            # costs two index insertions (the primary key and one partial index).
             models.Index(
                 fields=["status", "finished_at"],
                 condition=models.Q(status__in=["successful", "failed"]),

@@ -7,6 +7,8 @@ for an immediate one. Handlers only set flags and wake the main loop.
 import os
 import signal
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import psutil
@@ -23,14 +25,25 @@ from stalwart.processes.wakeup import Waker
 EXIT_OK = 0
 EXIT_FENCED = 3  # our row was pruned, or heartbeats failed too long: we stopped on our own
 EXIT_RECYCLE = 4  # memory or job-count limit reached: replace me
+EXIT_CRASHED = 1  # an unexpected error ended the main loop
 
 
 class Role:
     """A long-running process role. Subclasses implement ``main()``."""
 
     kind: ClassVar[str]
+    # The supervisor beats from its own loop: it forks, and must hold no connection in
+    # another thread when it does.
+    heartbeat_in_thread: ClassVar[bool] = True
 
-    def __init__(self, *, config: Options, name: str | None = None, supervisor: int | None = None):
+    def __init__(
+        self,
+        *,
+        config: Options,
+        name: str | None = None,
+        supervisor: int | None = None,
+        parent_pid: int | None = None,
+    ):
         self.config = config
         self.database = config.database
         self.name = name or process_name(self.kind)
@@ -45,6 +58,7 @@ class Role:
         self._title = ""
         self._heartbeat: Heartbeat | None = None
         self._psutil = psutil.Process()
+        self.parent_pid = parent_pid
 
     # -- control -----------------------------------------------------------------------------
 
@@ -105,21 +119,25 @@ class Role:
             id=self.registration.id,
             pid=os.getpid(),
         )
-        self._heartbeat = Heartbeat(
-            self.registration,
-            interval=self.config.heartbeat_interval,
-            threshold=self.config.process_alive_threshold,
-            metadata=self.metadata,
-            on_fenced=self.fence,
-            after_beat=self.after_heartbeat,
-        )
-        self._heartbeat.start()
+        if self.heartbeat_in_thread:
+            self._heartbeat = Heartbeat(
+                self.registration,
+                interval=self.config.heartbeat_interval,
+                threshold=self.config.process_alive_threshold,
+                metadata=self.metadata,
+                on_fenced=self.fence,
+                after_beat=self.after_heartbeat,
+            )
+            self._heartbeat.start()
+        if self.parent_pid is not None:
+            ParentWatch(self.parent_pid, self.on_parent_gone).start()
         try:
             self.main()
         finally:
             # Stop beating before the row goes, or a last beat would find it gone and fence us.
-            self._heartbeat.stop()
-            self._heartbeat.join(self.config.heartbeat_interval + 30)
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+                self._heartbeat.join(self.config.heartbeat_interval + 30)
             if self.fenced_reason is None:
                 try:
                     self.registration.deregister()
@@ -141,3 +159,23 @@ class Role:
 
     def after_heartbeat(self) -> None:
         """Called in the heartbeat thread after each successful beat."""
+
+    def on_parent_gone(self) -> None:
+        """Our supervisor died: stop gracefully, as if it had sent TERM."""
+        events.emit("parent_gone", process=self.name, parent=self.parent_pid)
+        self.request_stop()
+
+
+class ParentWatch(threading.Thread):
+    """Notices when the supervisor that forked us is gone (we were re-parented)."""
+
+    def __init__(self, parent_pid: int, on_gone: Callable[[], None], interval: float = 0.5):
+        super().__init__(name="stalwart-parent-watch", daemon=True)
+        self.parent_pid = parent_pid
+        self.on_gone = on_gone
+        self.interval = interval
+
+    def run(self) -> None:
+        while os.getppid() == self.parent_pid:
+            time.sleep(self.interval)  # a poll of the parent pid, not a synchronisation
+        self.on_gone()

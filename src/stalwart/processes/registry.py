@@ -3,12 +3,20 @@
 import os
 import secrets
 import socket
+from dataclasses import dataclass
 from typing import Any
 
+from django.db import connections, transaction
 from django.db.models.functions import Now
 
+from stalwart import events
+from stalwart.db import Released
 from stalwart.db.retry import retry_transient
+from stalwart.jobs import JobStore
 from stalwart.models import Process
+
+# The error recorded on a job whose process died while running it.
+PROCESS_DIED = "stalwart.exceptions.ProcessDied"
 
 
 def process_name(kind: str) -> str:
@@ -60,3 +68,100 @@ class Registration:
             lambda: Process.objects.using(self.database).filter(id=self.id).delete(),
             what="deregister",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class GoneProcess:
+    """A process taken off the table, and the jobs it held."""
+
+    id: int
+    kind: str
+    name: str
+    pid: int
+    hostname: str
+    released: list[Released]
+
+
+def prune_dead_processes(
+    database: str, *, threshold: float, exclude: int | None
+) -> list[GoneProcess]:
+    """Delete every process silent for longer than ``threshold`` s; release its jobs.
+
+    Each deletion re-checks the silence in its WHERE clause, in the same transaction as the
+    release: a process that beats in the meantime is left alone, and two pruners never both
+    act on one process. ``exclude`` (the caller itself) is never pruned.
+    """
+    statements = JobStore(database).statements
+    with connections[database].cursor() as cursor:
+        candidates = retry_transient(
+            database,
+            lambda: statements.dead_processes(cursor, threshold=threshold, exclude=exclude),
+            what="find dead processes",
+        )
+    pruned = []
+    for process_id, kind, name, pid, hostname, _supervisor in candidates:
+
+        def prune_one(
+            process_id: int = process_id, name: str = name, pid: int = pid, hostname: str = hostname
+        ) -> list[Released] | None:
+            with transaction.atomic(using=database), connections[database].cursor() as cursor:
+                if not statements.delete_process_if_dead(
+                    cursor, process_id=process_id, threshold=threshold
+                ):
+                    return None
+                cause = (
+                    f"Process {name} (pid {pid} on {hostname}) sent no heartbeat for over "
+                    f"{threshold:g} s and was declared dead; its jobs were released."
+                )
+                return statements.release_owner(
+                    cursor, owner=process_id, error_class=PROCESS_DIED, error_text=cause
+                )
+
+        released = retry_transient(database, prune_one, what="prune a dead process")
+        if released is not None:
+            pruned.append(GoneProcess(process_id, kind, name, pid, hostname, released))
+    return pruned
+
+
+def remove_reaped_child(
+    database: str, *, supervisor: int, pid: int, cause: str
+) -> list[GoneProcess]:
+    """Remove the row(s) of a child the supervisor reaped, releasing what it held.
+
+    The child is dead (``waitpid`` said so), so releasing its jobs cannot make them run twice
+    at once. Jobs at their last attempt are failed with ``cause`` as the error.
+    """
+    statements = JobStore(database).statements
+
+    def remove() -> list[GoneProcess]:
+        gone = []
+        with transaction.atomic(using=database), connections[database].cursor() as cursor:
+            rows = list(
+                Process.objects.using(database)
+                .filter(supervisor=supervisor, pid=pid)
+                .values_list("id", "kind", "name", "pid", "hostname")
+            )
+            for process_id, kind, name, child_pid, hostname in rows:
+                released = statements.release_owner(
+                    cursor,
+                    owner=process_id,
+                    error_class=PROCESS_DIED,
+                    error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
+                )
+                Process.objects.using(database).filter(id=process_id).delete()
+                gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
+        return gone
+
+    return retry_transient(database, remove, what="remove a reaped child")
+
+
+def report_pruned(gone: GoneProcess) -> None:
+    events.emit(
+        "process_pruned",
+        process=gone.name,
+        kind=gone.kind,
+        pid=gone.pid,
+        host=gone.hostname,
+        released=sum(1 for job in gone.released if job.status == "ready"),
+        failed=sum(1 for job in gone.released if job.status == "failed"),
+    )

@@ -16,6 +16,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_started
 
 from stalwart.db import ClaimedJob, Outcome
+from stalwart.exceptions import TransactionLeftOpen
 from stalwart.models import JobStatus
 from stalwart.resolution import resolve_task
 from stalwart.results import bind_task, make_result, task_errors
@@ -97,6 +98,9 @@ def run_job(job: ClaimedJob, sender: type) -> Finished:
                 value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
             else:
                 value = task.call(*job.args, **job.kwargs)
+            left_open = transactions_left_open()
+            if left_open:
+                raise TransactionLeftOpen(left_open)
             value = normalize(value, "return value")
         except BaseException as exception:  # noqa: BLE001 - SystemExit and friends fail the job only
             return _failed(job, result, error_for(exception), started)
@@ -114,6 +118,16 @@ def run_job(job: ClaimedJob, sender: type) -> Finished:
         )
     finally:
         reset_connections_after_job()
+
+
+def transactions_left_open() -> list[str]:
+    """Aliases of this thread's connections still inside a transaction."""
+    return [
+        connection.alias
+        for connection in connections.all(initialized_only=True)
+        if connection.connection is not None
+        and (connection.in_atomic_block or not connection.get_autocommit())
+    ]
 
 
 def reset_connections_after_job() -> None:

@@ -18,9 +18,10 @@ from stalwart.db import ClaimedJob
 from stalwart.db.errors import is_transient
 from stalwart.jobs import JobStore
 from stalwart.models import JobStatus
-from stalwart.processes.base import EXIT_RECYCLE, Role
+from stalwart.processes.base import EXIT_CRASHED, EXIT_RECYCLE, Role
 from stalwart.processes.listener import Listener
 from stalwart.processes.pool import JobPool
+from stalwart.processes.registry import prune_dead_processes, report_pruned
 from stalwart.processes.runner import Finished, run_job
 
 PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
@@ -34,16 +35,19 @@ class Worker(Role):
         *,
         config: Options,
         worker: WorkerOptions,
-        name: str | None = None,
-        supervisor: int | None = None,
         promote_scheduled: bool = False,
+        prune_dead: bool = False,
         stop_when_empty: bool = False,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(config=config, name=name, supervisor=supervisor)
+        super().__init__(config=config, **kwargs)
         self.worker = worker
         self.selector = worker.queues
         self.store = JobStore(self.database, notify=config.listen_notify)
+        # Without a supervisor and dispatcher, a worker does their chores itself.
         self.promote_scheduled = promote_scheduled
+        self.prune_dead = prune_dead
+        self._next_prune = 0.0
         self.stop_when_empty = stop_when_empty
         self.pool = JobPool(worker.threads, self._run_job, self.waker.wake)
         self.held: dict[Any, ClaimedJob] = {}  # claimed by us and not yet written
@@ -87,28 +91,43 @@ class Worker(Role):
             self._listener.start()
         self.pool.start()
         poll = self.poll_interval()
-        while not self.stop_requested:
-            try:
-                more = self._tick()
-            except DatabaseError as error:
-                if not is_transient(error):
-                    raise
-                # The database is away: keep the outcomes, keep trying. If it stays away past
-                # the alive threshold, the heartbeat fences this process.
-                events.emit("database_unavailable", process=self.name, error=str(error))
-                more = False
-            if more is None:
-                break
-            if not more:
-                self.waker.wait(poll)
-        self.shutdown()
+        try:
+            while not self.stop_requested:
+                try:
+                    more = self._tick()
+                except DatabaseError as error:
+                    if not is_transient(error):
+                        raise
+                    # The database is away: keep the outcomes, keep trying. If it stays away
+                    # past the alive threshold, the heartbeat fences this process.
+                    events.emit("database_unavailable", process=self.name, error=str(error))
+                    more = False
+                if more is None:
+                    break
+                if not more:
+                    self.waker.wait(poll)
+        except BaseException:
+            self.exit_status = EXIT_CRASHED
+            self.immediate = True  # no drain: give back what we hold and go
+            raise
+        finally:
+            self.shutdown()
 
     def _tick(self) -> bool | None:
         """One round: write outcomes, promote, claim. True: go again at once; None: stop."""
         self.flush()
-        if self.promote_scheduled and time.monotonic() >= self._next_promotion:
+        now = time.monotonic()
+        if self.promote_scheduled and now >= self._next_promotion:
             self.store.promote_due()
-            self._next_promotion = time.monotonic() + PROMOTE_INTERVAL
+            self._next_promotion = now + PROMOTE_INTERVAL
+        if self.prune_dead and now >= self._next_prune:
+            self._next_prune = now + self.config.heartbeat_interval
+            for gone in prune_dead_processes(
+                self.database,
+                threshold=self.config.process_alive_threshold,
+                exclude=self.registration.id,
+            ):
+                report_pruned(gone)
         if self._recycle_due():
             self.exit_status = EXIT_RECYCLE
             self.request_stop()
@@ -221,7 +240,10 @@ class Worker(Role):
             self.waker.wait(min(remaining, 1.0))
             self.flush()
         if self.fenced_reason is None:
-            self.flush()
+            try:
+                self.flush()
+            except DatabaseError as error:
+                events.emit("finish_failed", process=self.name, error=str(error))
         if self._listener is not None:
             self._listener.stop()
             self._listener.join(2.0)
@@ -231,7 +253,14 @@ class Worker(Role):
             # this (os._exit), so that released jobs never run here and elsewhere at once.
             self.abandoned_threads = True
         if leftover and self.fenced_reason is None:
-            released = self.store.release(owner=self.registration.id, jobs=leftover)
+            try:
+                released = self.store.release(owner=self.registration.id, jobs=leftover)
+            except DatabaseError as error:
+                # Left running, they are released when this process is pruned as dead.
+                events.emit(
+                    "release_failed", process=self.name, count=len(leftover), error=str(error)
+                )
+                released = []
             if released:
                 events.emit(
                     "jobs_released",

@@ -1,0 +1,32 @@
+"""The dispatcher: makes due scheduled jobs ready, in batches, within its polling interval."""
+
+import time
+
+from stalwart import events
+from stalwart.conf import DispatcherOptions, Options
+from stalwart.jobs import JobStore
+from stalwart.processes.base import Role
+
+
+class Dispatcher(Role):
+    kind = "dispatcher"
+
+    def __init__(self, *, config: Options, dispatcher: DispatcherOptions, **kwargs) -> None:
+        super().__init__(config=config, **kwargs)
+        self.dispatcher = dispatcher
+        self.store = JobStore(self.database, notify=config.listen_notify)
+
+    def metadata(self) -> dict:
+        return {**super().metadata(), "polling_interval": self.dispatcher.polling_interval}
+
+    def main(self) -> None:
+        self.set_title("dispatching")
+        while not self.stop_requested:
+            started = time.monotonic()
+            promoted = self.store.promote_due(limit=self.dispatcher.batch_size)
+            if promoted:
+                events.emit("jobs_promoted", process=self.name, count=promoted)
+            if promoted >= self.dispatcher.batch_size:
+                continue  # more may be due right now
+            elapsed = time.monotonic() - started
+            self.waker.wait(max(self.dispatcher.polling_interval - elapsed, 0))

@@ -1,0 +1,105 @@
+"""The process table: registration, heartbeats on the database clock, pruning by CAS."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from django.utils import timezone
+
+from stalwart.jobs import JobStore
+from stalwart.models import Job, Process
+from stalwart.processes.registry import (
+    PROCESS_DIED,
+    Registration,
+    prune_dead_processes,
+    remove_reaped_child,
+)
+from stalwart.queues import QueueSelector
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def register(kind: str = "worker", supervisor: int | None = None) -> Registration:
+    registration = Registration(
+        "default", kind=kind, name=f"{kind}-{Process.objects.count()}", supervisor=supervisor
+    )
+    registration.register({"queues": "*"})
+    return registration
+
+
+def age(registration: Registration, seconds: float) -> None:
+    Process.objects.filter(pk=registration.id).update(
+        last_heartbeat_at=F("last_heartbeat_at") - timedelta(seconds=seconds)
+    )
+
+
+def hold_a_job(owner: int) -> Job:
+    tasks.add.enqueue(1, 1)
+    claimed = JobStore("default").claim(
+        owner=owner, worker_name="w", selector=QueueSelector.parse("*"), limit=1
+    )
+    return Job.objects.get(pk=claimed[0].id)
+
+
+def test_registration_uses_the_database_clock_and_heartbeats_detect_removal():
+    registration = register()
+    row = Process.objects.get(pk=registration.id)
+    assert abs(row.last_heartbeat_at - timezone.now()) < timedelta(seconds=5)
+    assert registration.heartbeat({"busy": 1}) is True
+    assert Process.objects.get(pk=registration.id).metadata == {"busy": 1}
+    Process.objects.filter(pk=registration.id).delete()
+    assert registration.heartbeat({}) is False
+
+
+def test_prune_removes_only_silent_processes_and_releases_their_jobs():
+    silent = register()
+    alive = register()
+    job = hold_a_job(owner=silent.id)
+    age(silent, 120)
+    gone = prune_dead_processes("default", threshold=60, exclude=None)
+    assert [process.id for process in gone] == [silent.id]
+    assert [released.id for released in gone[0].released] == [job.id]
+    assert list(Process.objects.values_list("id", flat=True)) == [alive.id]
+    job.refresh_from_db()
+    assert (job.status, job.owner) == ("ready", None)
+    assert job.errors[-1]["exception_class_path"] == PROCESS_DIED
+    assert "sent no heartbeat for over 60 s" in job.errors[-1]["traceback"]
+
+
+def test_prune_never_removes_the_process_doing_it():
+    me = register("supervisor")
+    age(me, 600)
+    assert prune_dead_processes("default", threshold=60, exclude=me.id) == []
+    assert Process.objects.filter(pk=me.id).exists()
+
+
+def test_a_process_that_beats_just_in_time_is_not_pruned():
+    late = register()
+    age(late, 120)
+    statements = JobStore("default").statements
+    with connection.cursor() as cursor:
+        candidates = statements.dead_processes(cursor, threshold=60, exclude=None)
+        assert [row[0] for row in candidates] == [late.id]
+        # It beats between the look and the delete: the delete re-checks, and leaves it.
+        assert late.heartbeat({}) is True
+        assert statements.delete_process_if_dead(cursor, process_id=late.id, threshold=60) is False
+    assert Process.objects.filter(pk=late.id).exists()
+
+
+def test_a_job_at_its_last_attempt_fails_when_its_process_dies():
+    supervisor = register("supervisor")
+    worker = register("worker", supervisor=supervisor.id)
+    job = hold_a_job(owner=worker.id)
+    Job.objects.filter(pk=job.id).update(max_attempts=1)
+    pid = Process.objects.get(pk=worker.id).pid
+    gone = remove_reaped_child(
+        "default", supervisor=supervisor.id, pid=pid, cause="died: it was killed by SIGKILL"
+    )
+    assert [released.status for released in gone[0].released] == ["failed"]
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.finished_at is not None
+    assert "was killed by SIGKILL" in job.errors[-1]["traceback"]
+    assert not Process.objects.filter(pk=worker.id).exists()
