@@ -14,6 +14,11 @@ from stalwart.db.base import CLAIM_COLUMNS, ClaimedJob, NewJob, Outcome, Release
 from stalwart.queues import QueuePattern
 
 CHANNEL = "stalwart"
+SMALL_INSERT = 20  # rows up to which an insert sends VALUES rather than arrays
+_VALUES_ROW = (
+    "(%s::uuid, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::timestamptz, %s::timestamptz, "
+    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb)"
+)
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
 
@@ -24,34 +29,44 @@ class PostgreSQLStatements(Statements):
     writes_are_single_statements = True
 
     def insert_chunk_of(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
-        ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
-        wake = ""
-        params: list = [
-            [job.id for job in jobs],
-            [job.task_path for job in jobs],
-            [job.backend for job in jobs],
-            [job.queue_name for job in jobs],
-            [job.priority for job in jobs],
-            [job.status for job in jobs],
-            [job.args for job in jobs],
-            [job.kwargs for job in jobs],
-            [job.run_after for job in jobs],
-            [job.available_at for job in jobs],
-            [job.enqueued_at for job in jobs],
-            [job.max_attempts for job in jobs],
-        ]
-        if notify and ready_queues:
-            # NOTIFY is transactional: idle workers wake when the enqueue commits, not before.
-            wake = f", wake AS (SELECT pg_notify('{CHANNEL}', q) FROM unnest(%s::text[]) AS q)"
-            params.append(ready_queues)
-        cursor.execute(
-            f"""
-            WITH inserted AS (
-                INSERT INTO stalwart_job (
-                    id, task_path, backend, queue_name, priority, status, args, kwargs,
-                    run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids,
-                    errors
+        # A few rows go as VALUES (cheap to send); many as one array per column (unnest).
+        if len(jobs) <= SMALL_INSERT:
+            rows_sql = ", ".join([_VALUES_ROW] * len(jobs))
+            params: list = []
+            for job in jobs:
+                params.extend(
+                    (
+                        job.id,
+                        job.task_path,
+                        job.backend,
+                        job.queue_name,
+                        job.priority,
+                        job.status,
+                        job.args,
+                        job.kwargs,
+                        job.run_after,
+                        job.available_at,
+                        job.enqueued_at,
+                        job.max_attempts,
+                    )
                 )
+            source = f"VALUES {rows_sql}"
+        else:
+            params = [
+                [job.id for job in jobs],
+                [job.task_path for job in jobs],
+                [job.backend for job in jobs],
+                [job.queue_name for job in jobs],
+                [job.priority for job in jobs],
+                [job.status for job in jobs],
+                [job.args for job in jobs],
+                [job.kwargs for job in jobs],
+                [job.run_after for job in jobs],
+                [job.available_at for job in jobs],
+                [job.enqueued_at for job in jobs],
+                [job.max_attempts for job in jobs],
+            ]
+            source = """
                 SELECT id, task_path, backend, queue_name, priority, status, args::jsonb,
                        kwargs::jsonb, run_after, available_at, enqueued_at, max_attempts, 0,
                        '[]'::jsonb, '[]'::jsonb
@@ -60,12 +75,24 @@ class PostgreSQLStatements(Statements):
                     %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
                     %s::timestamptz[], %s::integer[]
                 ) AS row(id, task_path, backend, queue_name, priority, status, args, kwargs,
-                         run_after, available_at, enqueued_at, max_attempts)
-                RETURNING 1
-            ){wake}
-            SELECT (SELECT count(*) FROM inserted){", (SELECT count(*) FROM wake)" if wake else ""}
+                         run_after, available_at, enqueued_at, max_attempts)"""
+        insert = f"""
+            INSERT INTO stalwart_job (
+                id, task_path, backend, queue_name, priority, status, args, kwargs,
+                run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids, errors
+            ) {source}"""
+        ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
+        if not (notify and ready_queues):
+            cursor.execute(insert, params)
+            return
+        # NOTIFY is transactional: idle workers wake when the enqueue commits, not before.
+        cursor.execute(
+            f"""
+            WITH inserted AS ({insert} RETURNING 1)
+            SELECT (SELECT count(*) FROM inserted),
+                   (SELECT count(pg_notify('{CHANNEL}', q)) FROM unnest(%s::text[]) AS q)
             """,
-            params,
+            [*params, ready_queues],
         )
 
     def claim(
