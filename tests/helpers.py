@@ -174,3 +174,16 @@ class Child:
             self.kill()
         self.process.wait()
         self._collect()
+
+
+def register_processes(*ids: int) -> None:
+    """Process rows with these ids: only a registered process may claim jobs."""
+    from django.db.models.functions import Now
+
+    from stalwart.models import Process
+
+    for process_id in ids:
+        Process.objects.create(
+            id=process_id, kind="worker", name=f"worker-test-{process_id}", pid=os.getpid(),
+            hostname="test", created_at=Now(), last_heartbeat_at=Now(),
+        )

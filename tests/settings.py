@@ -7,6 +7,7 @@
 Processes the tests start get ``STALWART_DB_NAME``: the test database itself.
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -62,6 +63,7 @@ TASKS = {
             "max_attempts": int(os.environ.get("STALWART_MAX_ATTEMPTS", "5")),
             "dispatchers": [{"polling_interval": 0.1}],
             "scheduler": {"polling_interval": 0.2},
+            "recurring": json.loads(os.environ.get("STALWART_RECURRING", "{}")),
         },
     },
     "limited": {

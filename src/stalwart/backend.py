@@ -58,7 +58,12 @@ class StalwartBackend(BaseTaskBackend):
         return self._enqueue(task, calls, bulk=True)
 
     def _enqueue(
-        self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]], *, bulk: bool
+        self,
+        task: Task,
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        *,
+        bulk: bool,
+        ids: Sequence[uuid.UUID] = (),
     ) -> list[TaskResult]:
         self.validate_task(task)
         now = timezone.now()
@@ -82,7 +87,7 @@ class StalwartBackend(BaseTaskBackend):
                         "nothing was enqueued."
                     )
                 raise
-            job_id = uuid7()
+            job_id = ids[index] if ids else uuid7()
             rows.append(
                 NewJob(
                     id=job_id,
@@ -123,6 +128,12 @@ class StalwartBackend(BaseTaskBackend):
         for result in results:
             events.emit("job_enqueued", job=result.id, task=task_path, queue=task.queue_name)
         return results
+
+    def enqueue_with_id(
+        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: uuid.UUID
+    ) -> TaskResult:
+        """Enqueue one call under an id chosen beforehand (the scheduler records it first)."""
+        return self._enqueue(task, [(args, kwargs)], bulk=False, ids=[job_id])[0]
 
     def _send_enqueued(self, results: list[TaskResult]) -> None:
         for result in results:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import CommandError
+from django.db import DatabaseError
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 
 from stalwart.exceptions import ConfigurationError, InvalidQueueName
@@ -64,7 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(command: Any, options: dict[str, Any]) -> int:
-    return SUBCOMMANDS[options["subcommand"]].handle(command, options)
+    try:
+        return SUBCOMMANDS[options["subcommand"]].handle(command, options)
+    except DatabaseError as error:
+        if options.get("traceback"):
+            raise
+        hint = ""
+        text = str(error).lower()
+        if "no such table" in text or "does not exist" in text:
+            hint = " Are Stalwart's tables there? Run 'python manage.py migrate'."
+        raise CommandError(f"The database said: {str(error).strip()}.{hint}") from None
 
 
 def get_backend(alias: str) -> Any:
@@ -207,7 +217,17 @@ def work(command: Any, options: dict[str, Any]) -> int:
         prune_dead=True,
         stop_when_empty=options.get("stop_when_empty", False),
     )
-    status = worker.run()
+    try:
+        status = worker.run()
+    except BaseException:
+        if worker.abandoned_threads:
+            # Jobs were released while their threads still run: end now, not at interpreter
+            # shutdown, so they never run here and elsewhere at once.
+            import traceback
+
+            traceback.print_exc()
+            end_process(1, abandon_threads=True)
+        raise
     return end_process(status, abandon_threads=worker.abandoned_threads)
 
 
@@ -226,7 +246,10 @@ def _supervise_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_positive_int, help="Threads per worker process.")
     parser.add_argument("--processes", type=_positive_int, help="Worker processes to fork.")
     parser.add_argument(
-        "--dispatchers", type=_non_negative_int, help="Dispatcher processes to fork (default 1)."
+        "--dispatchers",
+        type=_non_negative_int,
+        help="Dispatcher processes to fork (default: one per OPTIONS['dispatchers'] entry, "
+        "else 1). With 0, workers make due jobs ready themselves.",
     )
     parser.add_argument(
         "--no-scheduler", action="store_true", help="Do not fork the scheduler process."
@@ -326,3 +349,74 @@ def supervise(command: Any, options: dict[str, Any]) -> int:
     configure_logging(options.get("verbosity", 1))
     config = supervised_config(backend.config, options)
     return Supervisor(config=config, slots=build_slots(config)).run()
+
+
+# -- recurring -------------------------------------------------------------------------------
+
+
+def _recurring_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+
+@subcommand(
+    "recurring",
+    "List the recurring tasks of OPTIONS['recurring'] with their last and next run.",
+    _recurring_arguments,
+)
+def recurring(command: Any, options: dict[str, Any]) -> int:
+    import json
+
+    from stalwart.ticks import database_now, last_runs
+
+    backend = get_backend(options["backend"])
+    config = backend.config
+    now = database_now(config.database)
+    latest = last_runs(config.database)
+    rows = []
+    for entry in config.recurring:
+        last = latest.get(entry.key)
+        following = entry.next_after(max(now, last) if last else now)
+        rows.append(
+            {
+                "key": entry.key,
+                "task": entry.task_path,
+                "schedule": entry.schedule,
+                "timezone": str(entry.timezone),
+                "catch_up": entry.catch_up,
+                "last_run": last.isoformat() if last else None,
+                "next_run": following.isoformat() if following else None,
+            }
+        )
+    if options.get("json"):
+        command.stdout.write(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        command.stdout.write("No recurring tasks (OPTIONS['recurring'] is empty).")
+        return 0
+    command.stdout.write(
+        format_table(
+            ["KEY", "TASK", "SCHEDULE", "TIMEZONE", "LAST RUN", "NEXT RUN"],
+            [
+                [
+                    row["key"],
+                    row["task"],
+                    row["schedule"],
+                    row["timezone"],
+                    row["last_run"] or "never",
+                    row["next_run"] or "never",
+                ]
+                for row in rows
+            ],
+        )
+    )
+    return 0
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """A plain text table: columns padded to their widest cell."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = [header, *rows]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )

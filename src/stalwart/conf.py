@@ -10,6 +10,7 @@ from typing import Any
 
 from stalwart.exceptions import ConfigurationError, InvalidQueueName
 from stalwart.queues import QueueSelector
+from stalwart.recurring import RecurringTask, read_recurring
 
 MIB = 1024 * 1024
 
@@ -50,6 +51,7 @@ class Options:
     workers: tuple[WorkerOptions, ...] = (WorkerOptions(),)
     dispatchers: tuple[DispatcherOptions, ...] = (DispatcherOptions(),)
     scheduler: SchedulerOptions | None = field(default_factory=SchedulerOptions)
+    recurring: tuple["RecurringTask", ...] = ()
     heartbeat_interval: float = 10.0
     process_alive_threshold: float = 60.0
     shutdown_timeout: float = 30.0
@@ -183,6 +185,13 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         for index, entry in enumerate(dispatchers_value)
     )
     scheduler = _read_scheduler(reader.get("scheduler", True), reader.name("scheduler"))
+    from django.conf import settings
+
+    recurring = read_recurring(
+        reader.get("recurring", None),
+        reader.name("recurring"),
+        getattr(settings, "TIME_ZONE", None) or "UTC",
+    )
     heartbeat = reader.number("heartbeat_interval", 10.0, minimum=0.05, maximum=3600)
     threshold = reader.number("process_alive_threshold", 60.0, minimum=0.2, maximum=86400)
     if threshold < 2 * heartbeat:
@@ -199,6 +208,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         workers=workers,
         dispatchers=dispatchers,
         scheduler=scheduler,
+        recurring=recurring,
         heartbeat_interval=heartbeat,
         process_alive_threshold=threshold,
         shutdown_timeout=reader.number("shutdown_timeout", 30.0, minimum=0, maximum=86400),

@@ -32,5 +32,11 @@ def emit(action: str, /, **fields: Any) -> None:
             subscriber(action, fields)
         except Exception:
             logging.getLogger("stalwart").exception(
-                "action=event_subscriber_failed subscriber=%r event=%s", subscriber, action
+                "action=event_subscriber_failed subscriber=%r event=%s",
+                subscriber,
+                action,
+                extra={
+                    "action": "event_subscriber_failed",
+                    "stalwart": {"subscriber": repr(subscriber), "event": action},
+                },
             )

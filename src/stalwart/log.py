@@ -23,6 +23,8 @@ _LEVELS = {
     "job_result_discarded": logging.WARNING,
     "jobs_released": logging.WARNING,
     "jobs_promoted": logging.DEBUG,
+    "recurring_enqueued": logging.INFO,
+    "recurring_task_invalid": logging.ERROR,
     "database_retry": logging.WARNING,
     "process_started": logging.INFO,
     "process_registered": logging.DEBUG,

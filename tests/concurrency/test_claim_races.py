@@ -15,12 +15,17 @@ from stalwart import Call, enqueue_many
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
-from tests.helpers import wait_for
+from tests.helpers import register_processes, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVERYTHING = QueueSelector.parse("*")
+
+
+@pytest.fixture(autouse=True)
+def processes():
+    register_processes(*range(1, 10))
 PAUSE_LOCK = 4242
 
 
@@ -214,3 +219,40 @@ def test_sqlite_claims_wait_for_the_writer_and_then_see_its_changes(vendor):
     assert not {job.id for job in claimed} & set(
         Job.objects.filter(owner=99).values_list("id", flat=True)
     )
+
+
+def test_a_prune_racing_a_claim_still_releases_what_the_claim_took(pause_trigger):
+    from datetime import timedelta
+
+    from django.db.models import F
+
+    from stalwart.models import Process
+    from stalwart.processes.registry import prune_dead_processes
+
+    enqueue_many(tasks.noop, [Call() for _ in range(3)])
+    Process.objects.filter(pk=1).update(
+        last_heartbeat_at=F("last_heartbeat_at") - timedelta(minutes=5)
+    )
+    paused = ClaimThread(owner=1, limit=3, paused=True)
+    paused.start()
+    wait_until_paused(wait_for(lambda: paused.backend_pid, message="the claim to start"))
+    # The claim holds a share lock on its process row: the prune must wait for it...
+    pruned: list = []
+    pruner = threading.Thread(
+        target=lambda: (
+            pruned.extend(prune_dead_processes("default", threshold=60, exclude=None)),
+            connections.close_all(),
+        )
+    )
+    pruner.start()
+    pruner.join(0.5)
+    assert pruner.is_alive(), "the prune should wait for the claim to commit"
+    release(pause_trigger)
+    claimed = paused.result()
+    pruner.join(10)
+    assert not pruner.is_alive()
+    # ...and then it sees the claimed jobs and releases them: none is left running.
+    assert len(claimed) >= 1
+    assert [gone.id for gone in pruned] == [1]
+    assert {released.id for released in pruned[0].released} == {job.id for job in claimed}
+    assert not Job.objects.filter(status="running").exists()

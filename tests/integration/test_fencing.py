@@ -5,14 +5,19 @@ from django.tasks import TaskResultStatus
 
 from stalwart.db import Outcome
 from stalwart.jobs import JobStore
-from stalwart.models import Job
+from stalwart.models import Job, Process
 from stalwart.queues import QueueSelector
-from tests.helpers import make_worker, wait_for, worker_thread
+from tests.helpers import make_worker, register_processes, wait_for, worker_thread
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 EVERYTHING = QueueSelector.parse("*")
+
+
+@pytest.fixture(autouse=True)
+def processes():
+    register_processes(1, 2, 7, 101, 202)
 
 
 def claim_one(store, owner):
@@ -91,3 +96,12 @@ def test_a_worker_whose_job_was_taken_discards_its_late_result(recorded_events):
     assert (row.status, row.owner, row.attempt) == ("running", 999, 2)
     discarded = [fields for action, fields in recorded_events if action == "job_result_discarded"]
     assert discarded[0]["job"] == row.id
+
+
+def test_a_process_whose_row_is_gone_claims_nothing():
+    store = JobStore("default")
+    result = tasks.add.enqueue(1, 2)
+    Process.objects.filter(pk=7).delete()  # pruned as dead
+    assert store.claim(owner=7, worker_name="w7", selector=EVERYTHING, limit=5) == []
+    job = Job.objects.get(pk=result.id)
+    assert (job.status, job.owner, job.attempt) == ("ready", None, 0)

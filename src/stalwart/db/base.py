@@ -314,3 +314,35 @@ class Statements:
             [process_id, *self.silent_since_params(threshold)],
         )
         return cursor.rowcount == 1
+
+    # -- leases and recurring ticks --------------------------------------------------------
+
+    def database_now(self, cursor: Any) -> datetime:
+        """The database clock (the host clock where the database has none to offer)."""
+        return timezone.now()
+
+    def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool:
+        """Take or renew the lease ``name`` for ``ttl`` seconds: True if ours, False if not.
+
+        Contention is a return value: never an exception, never a wait on a lock another
+        transaction holds, and the caller's transaction stays usable.
+        """
+        raise NotImplementedError
+
+    def release_lease(self, cursor: Any, *, name: str, holder: str) -> bool:
+        """Let the lease go now, if we hold it."""
+        now = self.now_param()
+        cursor.execute(
+            "UPDATE stalwart_lease SET expires_at = %s WHERE name = %s AND holder = %s",
+            [now, name, holder],
+        )
+        return cursor.rowcount == 1
+
+    def claim_tick(self, cursor: Any, *, key: str, run_at: datetime, job_id: uuid.UUID) -> bool:
+        """Record that the tick ``(key, run_at)`` is enqueued; False if someone already did."""
+        cursor.execute(
+            "INSERT INTO stalwart_recurring_run (key, run_at, job_id, created_at) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (key, run_at) DO NOTHING",
+            [key, self.datetime_param(run_at), self.uuid_param(job_id), self.now_param()],
+        )
+        return cursor.rowcount == 1

@@ -108,9 +108,14 @@ class PostgreSQLStatements(Statements):
         conditions, filter_params = self.queue_filter(pattern, excluded)
         cursor.execute(
             f"""
-            WITH picked AS MATERIALIZED (
+            WITH claimant AS MATERIALIZED (
+                -- Only a registered process claims, and its row cannot be pruned until this
+                -- claim commits: a prune then finds these jobs and releases them.
+                SELECT id FROM stalwart_process WHERE id = %s FOR KEY SHARE
+            ),
+            picked AS MATERIALIZED (
                 SELECT id FROM stalwart_job
-                WHERE status = 'ready' {conditions}
+                WHERE status = 'ready' {conditions} AND EXISTS (SELECT 1 FROM claimant)
                 ORDER BY priority DESC, available_at, id
                 LIMIT %s
                 FOR UPDATE SKIP LOCKED
@@ -126,7 +131,7 @@ class PostgreSQLStatements(Statements):
             WHERE job.id = picked.id AND job.status = 'ready'
             RETURNING {_RETURNING}
             """,
-            [*filter_params, limit, owner, worker_name],
+            [owner, *filter_params, limit, owner, worker_name],
         )
         return self.claimed_from_rows(cursor.fetchall())
 
@@ -257,3 +262,44 @@ class PostgreSQLStatements(Statements):
 
     def silent_since_sql(self) -> str:
         return "now() - make_interval(secs => %s)"
+
+    def database_now(self, cursor: Any) -> Any:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+    def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool:
+        cursor.execute(
+            """
+            WITH takeable AS (
+                SELECT name FROM stalwart_lease
+                WHERE name = %s AND (expires_at < now() OR holder = %s)
+                FOR UPDATE SKIP LOCKED
+            ),
+            renewed AS (
+                UPDATE stalwart_lease AS lease
+                SET acquired_at = CASE WHEN lease.holder = %s THEN lease.acquired_at
+                                       ELSE now() END,
+                    holder = %s,
+                    expires_at = now() + make_interval(secs => %s)
+                FROM takeable WHERE lease.name = takeable.name
+                RETURNING 1
+            ),
+            created AS (
+                INSERT INTO stalwart_lease (name, holder, acquired_at, expires_at)
+                SELECT %s, %s, now(), now() + make_interval(secs => %s)
+                WHERE NOT EXISTS (SELECT 1 FROM stalwart_lease WHERE name = %s)
+                ON CONFLICT (name) DO NOTHING
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM renewed) + (SELECT count(*) FROM created)
+            """,
+            [name, holder, holder, holder, ttl, name, holder, ttl, name],
+        )
+        return cursor.fetchone()[0] == 1
+
+    def release_lease(self, cursor: Any, *, name: str, holder: str) -> bool:
+        cursor.execute(
+            "UPDATE stalwart_lease SET expires_at = now() WHERE name = %s AND holder = %s",
+            [name, holder],
+        )
+        return cursor.rowcount == 1

@@ -45,7 +45,9 @@ class SQLiteStatements(Statements):
                 started_at = COALESCE(started_at, %s),
                 last_attempted_at = %s,
                 worker_ids = json_insert(worker_ids, '$[#]', %s)
-            WHERE status = 'ready' AND id IN (
+            WHERE status = 'ready'
+              AND EXISTS (SELECT 1 FROM stalwart_process WHERE id = %s)
+              AND id IN (
                 SELECT id FROM stalwart_job
                 WHERE status = 'ready' {conditions}
                 ORDER BY priority DESC, available_at, id
@@ -53,7 +55,7 @@ class SQLiteStatements(Statements):
             )
             RETURNING {_RETURNING}
             """,
-            [owner, now, now, worker_name, *filter_params, limit],
+            [owner, now, now, worker_name, owner, *filter_params, limit],
         )
         return self.claimed_from_rows(cursor.fetchall())
 
@@ -148,3 +150,28 @@ class SQLiteStatements(Statements):
 
     def silent_since_params(self, seconds: float) -> list:
         return [self.datetime_param(timezone.now() - timedelta(seconds=seconds))]
+
+    def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool:
+        # One writer at a time: the upsert is the whole compare-and-set.
+        now = timezone.now()
+        cursor.execute(
+            """
+            INSERT INTO stalwart_lease (name, holder, acquired_at, expires_at)
+            VALUES (%s, %s, %s, %s)
+            ON CONFLICT (name) DO UPDATE
+            SET acquired_at = CASE WHEN stalwart_lease.holder = excluded.holder
+                                   THEN stalwart_lease.acquired_at
+                                   ELSE excluded.acquired_at END,
+                holder = excluded.holder,
+                expires_at = excluded.expires_at
+            WHERE stalwart_lease.expires_at < %s OR stalwart_lease.holder = excluded.holder
+            """,
+            [
+                name,
+                holder,
+                self.datetime_param(now),
+                self.datetime_param(now + timedelta(seconds=ttl)),
+                self.datetime_param(now),
+            ],
+        )
+        return cursor.rowcount == 1

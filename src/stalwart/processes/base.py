@@ -82,6 +82,10 @@ class Role:
         signal.signal(signal.SIGTERM, self._on_graceful_signal)
         signal.signal(signal.SIGINT, self._on_graceful_signal)
         signal.signal(signal.SIGQUIT, self._on_immediate_signal)
+        from stalwart.processes.forking import signals_before_start
+
+        for signum in signals_before_start():
+            self.request_stop(immediate=signum == signal.SIGQUIT)
 
     def _on_graceful_signal(self, signum: int, frame: Any) -> None:
         self.request_stop()

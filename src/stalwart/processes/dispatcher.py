@@ -1,11 +1,15 @@
-"""The dispatcher: makes due scheduled jobs ready, in batches, within its polling interval."""
+"""The dispatcher: makes due scheduled jobs ready in batches, and does cluster chores."""
 
 import time
 
+from django.db import DatabaseError
+
 from stalwart import events
 from stalwart.conf import DispatcherOptions, Options
+from stalwart.db.errors import is_transient
 from stalwart.jobs import JobStore
 from stalwart.processes.base import Role
+from stalwart.processes.registry import prune_under_lease
 
 
 class Dispatcher(Role):
@@ -21,12 +25,32 @@ class Dispatcher(Role):
 
     def main(self) -> None:
         self.set_title("dispatching")
+        next_chores = 0.0
         while not self.stop_requested:
             started = time.monotonic()
-            promoted = self.store.promote_due(limit=self.dispatcher.batch_size)
-            if promoted:
-                events.emit("jobs_promoted", process=self.name, count=promoted)
+            try:
+                promoted = self.store.promote_due(limit=self.dispatcher.batch_size)
+                if promoted:
+                    events.emit("jobs_promoted", process=self.name, count=promoted)
+                if started >= next_chores:
+                    next_chores = started + self.config.heartbeat_interval
+                    self.chores()
+            except DatabaseError as error:
+                if not is_transient(error):
+                    raise
+                events.emit("database_unavailable", process=self.name, error=str(error))
+                promoted = 0
             if promoted >= self.dispatcher.batch_size:
                 continue  # more may be due right now
             elapsed = time.monotonic() - started
             self.waker.wait(max(self.dispatcher.polling_interval - elapsed, 0))
+
+    def chores(self) -> None:
+        """Cluster-wide maintenance, each guarded by its lease."""
+        prune_under_lease(
+            self.database,
+            holder=self.name,
+            threshold=self.config.process_alive_threshold,
+            interval=self.config.heartbeat_interval,
+            exclude=self.registration.id,
+        )

@@ -25,6 +25,19 @@ _PR_SET_PDEATHSIG = 1
 # Connections inherited from the parent, kept referenced so they are never finalised in the
 # child: finalising would tell the server to end a session the parent still uses.
 _inherited: list[object] = []
+# Stop signals that arrived after the fork but before the role installed its handlers.
+_early_signals: list[int] = []
+
+
+def _remember_signal(signum: int, frame: object) -> None:
+    _early_signals.append(signum)
+
+
+def signals_before_start() -> list[int]:
+    """Stop signals received between the fork and the role's own handlers (then forgotten)."""
+    received = list(_early_signals)
+    _early_signals.clear()
+    return received
 
 
 def set_parent_death_signal(signum: int) -> bool:
@@ -58,8 +71,9 @@ def fork_child(run: Callable[[], int]) -> int:
     try:
         _forget_inherited_connections()
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(signum, _remember_signal)  # until the role installs its own
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the line above took effect
             os._exit(0)

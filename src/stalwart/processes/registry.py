@@ -111,7 +111,7 @@ def prune_dead_processes(
                     return None
                 cause = (
                     f"Process {name} (pid {pid} on {hostname}) sent no heartbeat for over "
-                    f"{threshold:g} s and was declared dead; its jobs were released."
+                    f"{threshold:g} s and was declared dead."
                 )
                 return statements.release_owner(
                     cursor, owner=process_id, error_class=PROCESS_DIED, error_text=cause
@@ -165,3 +165,24 @@ def report_pruned(gone: GoneProcess) -> None:
         released=sum(1 for job in gone.released if job.status == "ready"),
         failed=sum(1 for job in gone.released if job.status == "failed"),
     )
+
+
+PRUNE_LEASE = "stalwart.prune"
+
+
+def prune_under_lease(
+    database: str, *, holder: str, threshold: float, interval: float, exclude: int | None
+) -> list[GoneProcess]:
+    """Prune dead processes if we hold the cluster's pruning lease (taken or renewed here).
+
+    Pruning is safe to run anywhere at once (each deletion is a compare-and-set); the lease
+    only saves the cluster from doing it on every host every interval.
+    """
+    from stalwart import leases
+
+    if not leases.try_acquire(PRUNE_LEASE, holder, ttl=2 * interval, database=database):
+        return []
+    pruned = prune_dead_processes(database, threshold=threshold, exclude=exclude)
+    for gone in pruned:
+        report_pruned(gone)
+    return pruned

@@ -1,17 +1,77 @@
-"""The scheduler: turns recurring tasks into jobs (its duties arrive with recurring tasks)."""
+"""The scheduler: turns recurring tasks into jobs, each tick exactly once across schedulers.
 
+Each poll reads the database clock and the latest tick enqueued per key, asks each recurring
+task which ticks are due (computed from the previous tick, never from the wall clock, so
+nothing drifts), and enqueues them through ``stalwart.ticks``. Run as many schedulers as you
+like: the unique ``(key, run_at)`` record makes each tick happen once.
+"""
+
+import time
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError
+
+from stalwart import events
 from stalwart.conf import Options, SchedulerOptions
+from stalwart.db.errors import is_transient
+from stalwart.exceptions import TaskNotFound
 from stalwart.processes.base import Role
+from stalwart.resolution import resolve_task
+from stalwart.ticks import database_now, enqueue_tick, last_runs
 
 
 class Scheduler(Role):
     kind = "scheduler"
 
-    def __init__(self, *, config: Options, scheduler: SchedulerOptions, **kwargs) -> None:
+    def __init__(self, *, config: Options, scheduler: SchedulerOptions, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
         self.scheduler = scheduler
+        self.started_at: datetime | None = None
+        self.broken: dict[str, str] = {}  # key -> why its task cannot be enqueued
+
+    def metadata(self) -> dict[str, Any]:
+        return {**super().metadata(), "recurring": [entry.key for entry in self.config.recurring]}
 
     def main(self) -> None:
-        self.set_title("scheduling")
+        self.set_title(f"scheduling {len(self.config.recurring)} recurring tasks")
+        for entry in self.config.recurring:
+            try:
+                resolve_task(entry.task_path)
+            except TaskNotFound as error:
+                self.broken[entry.key] = str(error)
+                events.emit("recurring_task_invalid", key=entry.key, error=str(error))
         while not self.stop_requested:
-            self.waker.wait(self.scheduler.polling_interval)
+            started = time.monotonic()
+            try:
+                self.tick()
+            except DatabaseError as error:
+                if not is_transient(error):
+                    raise
+                events.emit("database_unavailable", process=self.name, error=str(error))
+            elapsed = time.monotonic() - started
+            self.waker.wait(max(self.scheduler.polling_interval - elapsed, 0))
+
+    def tick(self) -> None:
+        """Enqueue every tick that is due now."""
+        if not self.config.recurring:
+            return
+        now = database_now(self.database)
+        if self.started_at is None:
+            self.started_at = now  # ticks before our first look are not ours to replay
+        latest = last_runs(self.database)
+        for entry in self.config.recurring:
+            if entry.key in self.broken:
+                continue
+            since = latest.get(entry.key, self.started_at)
+            for run_at in entry.due(since=since, now=now):
+                result = enqueue_tick(
+                    entry, run_at, alias=self.config.alias, database=self.database
+                )
+                if result is not None:
+                    events.emit(
+                        "recurring_enqueued",
+                        key=entry.key,
+                        run_at=run_at.isoformat(),
+                        job=result.id,
+                    )

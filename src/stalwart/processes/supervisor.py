@@ -21,13 +21,9 @@ from stalwart import events
 from stalwart.conf import Options
 from stalwart.db.errors import is_transient
 from stalwart.processes import systemd
-from stalwart.processes.base import EXIT_FENCED, EXIT_RECYCLE, Role
+from stalwart.processes.base import EXIT_CRASHED, EXIT_FENCED, EXIT_RECYCLE, Role
 from stalwart.processes.forking import fork_child
-from stalwart.processes.registry import (
-    prune_dead_processes,
-    remove_reaped_child,
-    report_pruned,
-)
+from stalwart.processes.registry import prune_under_lease, remove_reaped_child
 
 # How long a child must live for its next death to count as a fresh start, not a crash loop.
 HEALTHY_LIFETIME = 30.0
@@ -77,6 +73,7 @@ class Supervisor(Role):
         self._watchdog = systemd.watchdog_interval()
         self._next_watchdog = 0.0
         self._pending_clean_ups: list[tuple[int, str, str, bool]] = []
+        self._last_beat = time.monotonic()
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -100,15 +97,22 @@ class Supervisor(Role):
         systemd.notify(
             f"READY=1\nSTATUS=supervising {len(self.slots)} processes\nMAINPID={os.getpid()}"
         )
-        while not self.stop_requested:
-            self._reap()
-            self._retry_clean_ups()
-            self._restart_due()
-            self._maintain()
-            self._show_state()
-            self.waker.wait(self._sleep_time())
-        systemd.notify("STOPPING=1")
-        self._stop_children()
+        try:
+            while not self.stop_requested:
+                self._reap()
+                self._retry_clean_ups()
+                self._restart_due()
+                self._maintain()
+                self._show_state()
+                self.waker.wait(self._sleep_time())
+        except BaseException:
+            # Whatever broke the loop, the children are not left unattended.
+            self.exit_status = EXIT_CRASHED
+            self.request_stop(immediate=True)
+            raise
+        finally:
+            systemd.notify("STOPPING=1")
+            self._stop_children()
 
     def _sleep_time(self) -> float:
         now = time.monotonic()
@@ -118,28 +122,38 @@ class Supervisor(Role):
             deadlines.append(self._next_watchdog)
         return min(max(min(deadlines) - now, 0.01), 1.0)
 
-    def _maintain(self) -> None:
+    def _maintain(self, *, chores: bool = True) -> None:
+        """Watchdog pings, heartbeats (fencing ourselves if they fail too long), pruning."""
         now = time.monotonic()
         if self._watchdog and now >= self._next_watchdog:
             systemd.notify("WATCHDOG=1")
             self._next_watchdog = now + self._watchdog
-        if now < self._next_beat:
+        if now < self._next_beat or self.fenced_reason is not None:
             return
         self._next_beat = now + self.config.heartbeat_interval
         try:
             if not self.registration.heartbeat(self.metadata()):
                 self.fence("its process row is gone (pruned as dead)")
                 return
-            for gone in prune_dead_processes(
+            self._last_beat = time.monotonic()
+            if not chores:
+                return
+            prune_under_lease(
                 self.database,
+                holder=self.name,
                 threshold=self.config.process_alive_threshold,
+                interval=self.config.heartbeat_interval,
                 exclude=self.registration.id,
-            ):
-                report_pruned(gone)
+            )
         except DatabaseError as error:
             if not is_transient(error):
                 raise
-            events.emit("heartbeat_failed", process=self.name, error=str(error))
+            events.emit(
+                "heartbeat_failed", process=self.name, error=f"{type(error).__name__}: {error}"
+            )
+            failing_for = time.monotonic() - self._last_beat
+            if failing_for > self.config.process_alive_threshold:
+                self.fence(f"heartbeats have failed for {failing_for:.0f} s")
 
     # -- children ----------------------------------------------------------------------------
 
@@ -199,7 +213,9 @@ class Supervisor(Role):
         how = describe_exit(status)
         code = os.waitstatus_to_exitcode(status)
         kind = slot.kind if slot else "unknown"
-        expected = self.stop_requested and code in (0, EXIT_FENCED, EXIT_RECYCLE)
+        expected = code == EXIT_RECYCLE or (
+            self.stop_requested and code in (0, EXIT_FENCED, EXIT_RECYCLE)
+        )
         if not self._clean_up_after(pid, how, kind, expected):
             self._pending_clean_ups.append((pid, how, kind, expected))
         if slot is None:
@@ -208,7 +224,7 @@ class Supervisor(Role):
         slot.pid = None
         if self.stop_requested:
             return
-        if code == 0 or lived >= HEALTHY_LIFETIME:
+        if code in (0, EXIT_RECYCLE) or lived >= HEALTHY_LIFETIME:
             slot.quick_deaths = 0
             delay = 0.0
         else:
@@ -256,6 +272,8 @@ class Supervisor(Role):
                 self._signal_children(signal.SIGKILL)
                 deadline = time.monotonic() + 10
             self._show_state()
+            with contextlib.suppress(DatabaseError):
+                self._maintain(chores=False)  # keep our row alive while the children drain
             self.waker.wait(0.2)
         deadline = time.monotonic() + 30
         while self._pending_clean_ups and time.monotonic() < deadline:

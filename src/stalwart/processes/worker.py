@@ -21,7 +21,7 @@ from stalwart.models import JobStatus
 from stalwart.processes.base import EXIT_CRASHED, EXIT_RECYCLE, Role
 from stalwart.processes.listener import Listener
 from stalwart.processes.pool import JobPool
-from stalwart.processes.registry import prune_dead_processes, report_pruned
+from stalwart.processes.registry import prune_under_lease
 from stalwart.processes.runner import Finished, run_job
 
 PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
@@ -122,12 +122,13 @@ class Worker(Role):
             self._next_promotion = now + PROMOTE_INTERVAL
         if self.prune_dead and now >= self._next_prune:
             self._next_prune = now + self.config.heartbeat_interval
-            for gone in prune_dead_processes(
+            prune_under_lease(
                 self.database,
+                holder=self.name,
                 threshold=self.config.process_alive_threshold,
+                interval=self.config.heartbeat_interval,
                 exclude=self.registration.id,
-            ):
-                report_pruned(gone)
+            )
         if self._recycle_due():
             self.exit_status = EXIT_RECYCLE
             self.request_stop()

@@ -1,0 +1,61 @@
+"""Enqueueing recurring-task ticks exactly once, however many schedulers run.
+
+The tick's record ``(key, run_at)`` and its job are written in one transaction; the record
+goes first, with ``ON CONFLICT DO NOTHING``, so a scheduler that loses the race learns it
+from a row count and writes nothing.
+"""
+
+from datetime import datetime
+
+from django.db import connections, transaction
+from django.db.models import Max
+from django.tasks import TaskResult, task_backends
+
+from stalwart.db import statements_for
+from stalwart.db.retry import retry_transient
+from stalwart.ids import uuid7
+from stalwart.models import RecurringRun
+from stalwart.recurring import RecurringTask
+from stalwart.resolution import resolve_task
+
+
+def last_runs(database: str) -> dict[str, datetime]:
+    """The latest tick enqueued for each recurring key."""
+    return dict(
+        RecurringRun.objects.using(database)
+        .values("key")
+        .annotate(latest=Max("run_at"))
+        .values_list("key", "latest")
+    )
+
+
+def database_now(database: str) -> datetime:
+    connection = connections[database]
+    with connection.cursor() as cursor:
+        return statements_for(connection).database_now(cursor)
+
+
+def enqueue_tick(
+    entry: RecurringTask, run_at: datetime, *, alias: str, database: str
+) -> TaskResult | None:
+    """Enqueue ``entry``'s tick at ``run_at`` unless some scheduler already did (None)."""
+    backend = task_backends[alias]
+    changes: dict = {"backend": alias}
+    if entry.queue_name is not None:
+        changes["queue_name"] = entry.queue_name
+    if entry.priority is not None:
+        changes["priority"] = entry.priority
+    task = resolve_task(entry.task_path).using(**changes)
+
+    def claim_and_enqueue() -> TaskResult | None:
+        job_id = uuid7()
+        connection = connections[database]
+        with transaction.atomic(using=database):
+            with connection.cursor() as cursor:
+                if not statements_for(connection).claim_tick(
+                    cursor, key=entry.key, run_at=run_at, job_id=job_id
+                ):
+                    return None
+            return backend.enqueue_with_id(task, entry.args, entry.kwargs, job_id)
+
+    return retry_transient(database, claim_and_enqueue, what="enqueue a recurring tick")

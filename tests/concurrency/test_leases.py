@@ -1,0 +1,98 @@
+"""Leases: contention is a return value, never an exception, never a wait."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+from django.db.models import F
+
+from stalwart import leases
+from stalwart.models import Lease
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_lease_has_one_holder_until_it_expires_or_is_released():
+    assert leases.try_acquire("chore", "a", 60, database="default") is True
+    assert leases.try_acquire("chore", "b", 60, database="default") is False
+    assert leases.try_acquire("chore", "a", 60, database="default") is True  # renewal
+    Lease.objects.filter(name="chore").update(expires_at=F("expires_at") - timedelta(hours=1))
+    assert leases.try_acquire("chore", "b", 60, database="default") is True  # a dead holder's
+    assert leases.release("chore", "a", database="default") is False  # not a's any more
+    assert leases.release("chore", "b", database="default") is True
+    assert leases.try_acquire("chore", "a", 60, database="default") is True
+    assert Lease.objects.get(name="chore").holder == "a"
+
+
+@pytest.mark.parametrize("round_number", range(8))
+def test_racers_for_a_new_lease_get_one_winner_and_no_exception(round_number):
+    racers = 6
+    barrier = threading.Barrier(racers)
+    outcomes: list[bool] = []
+    usable_after: list[int] = []
+    errors: list[BaseException] = []
+
+    def race(number: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            with transaction.atomic():
+                won = leases.try_acquire(
+                    f"new-{round_number}", f"racer-{number}", 60, database="default"
+                )
+                # Win or lose, the transaction is still usable.
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+                    usable_after.append(cursor.fetchone()[0])
+            outcomes.append(won)
+        except BaseException as error:  # noqa: BLE001 - collected and asserted below
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    assert sorted(outcomes) == [False] * (racers - 1) + [True]
+    assert usable_after == [1] * racers
+    assert Lease.objects.filter(name=f"new-{round_number}").count() == 1
+
+
+def test_a_lease_row_locked_by_another_transaction_is_contention_not_a_wait(vendor):
+    if vendor != "postgresql":
+        pytest.skip("SQLite has no row locks; its single writer makes the upsert the whole CAS")
+    leases.try_acquire("locked", "old", 60, database="default")
+    Lease.objects.filter(name="locked").update(expires_at=F("expires_at") - timedelta(hours=1))
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute("SELECT * FROM stalwart_lease WHERE name = 'locked' FOR UPDATE")
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a wait would raise, not return False
+        with transaction.atomic():
+            assert leases.try_acquire("locked", "new", 60, database="default") is False
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        other.rollback()
+    finally:
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert leases.try_acquire("locked", "new", 60, database="default") is True
+
+
+def test_a_database_failure_is_raised_not_reported_as_contention():
+    from django.db import DatabaseError
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE stalwart_lease")
+        with pytest.raises(DatabaseError):
+            leases.try_acquire("gone", "a", 60, database="default")
+        transaction.set_rollback(True)
+    assert leases.try_acquire("gone", "a", 60, database="default") is True

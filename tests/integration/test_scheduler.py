@@ -1,0 +1,79 @@
+"""The scheduler's tick against a real database: catch-up after downtime, races, bad tasks."""
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from django.tasks import task_backends
+from django.utils import timezone
+
+from stalwart.conf import SchedulerOptions
+from stalwart.models import Job, RecurringRun
+from stalwart.processes.scheduler import Scheduler
+from stalwart.recurring import read_recurring
+from stalwart.ticks import database_now
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def scheduler_for(**entries) -> Scheduler:
+    config = task_backends["default"].config
+    recurring = read_recurring(entries, "recurring", "UTC")
+    return Scheduler(config=replace(config, recurring=recurring), scheduler=SchedulerOptions())
+
+
+def test_after_downtime_only_the_latest_missed_tick_runs():
+    scheduler = scheduler_for(
+        minutely={
+            "task": "tests.testapp.tasks.add",
+            "schedule": "* * * * *",
+            "args": [1, 2],
+            "queue_name": "reports",
+            "priority": 7,
+        }
+    )
+    an_hour_ago = (database_now("default") - timedelta(hours=1)).replace(second=0, microsecond=0)
+    RecurringRun.objects.create(
+        key="minutely", run_at=an_hour_ago, job_id="0" * 32, created_at=timezone.now()
+    )
+    scheduler.tick()
+    scheduler.tick()  # a second look enqueues nothing more
+    runs = list(RecurringRun.objects.order_by("run_at"))
+    assert len(runs) == 2
+    latest = runs[1]
+    now = database_now("default")
+    assert now - timedelta(minutes=1) < latest.run_at <= now
+    job = Job.objects.get(pk=latest.job_id)
+    assert (job.task_path, job.args, job.queue_name, job.priority) == (
+        "tests.testapp.tasks.add",
+        [1, 2],
+        "reports",
+        7,
+    )
+
+
+def test_two_schedulers_ticking_together_enqueue_once():
+    entries = {"minutely": {"task": "tests.testapp.tasks.noop", "schedule": "* * * * *"}}
+    first, second = scheduler_for(**entries), scheduler_for(**entries)
+    start = database_now("default") - timedelta(minutes=3)
+    first.started_at = second.started_at = start
+    first.tick()
+    second.tick()
+    assert RecurringRun.objects.count() == 1
+    assert Job.objects.count() == 1
+
+
+def test_a_task_that_does_not_exist_is_reported_and_skipped(recorded_events):
+    scheduler = scheduler_for(
+        broken={"task": "tests.testapp.tasks.nope", "schedule": "* * * * * *"},
+        fine={"task": "tests.testapp.tasks.noop", "schedule": "* * * * * *"},
+    )
+    scheduler.request_stop()  # main() checks the tasks, then returns at once
+    scheduler.main()
+    assert "broken" in scheduler.broken
+    assert ("recurring_task_invalid", "broken") in [
+        (action, fields.get("key")) for action, fields in recorded_events
+    ]
+    scheduler.started_at = database_now("default") - timedelta(seconds=5)
+    scheduler.tick()
+    assert set(RecurringRun.objects.values_list("key", flat=True)) == {"fine"}
