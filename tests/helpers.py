@@ -184,6 +184,11 @@ def register_processes(*ids: int) -> None:
 
     for process_id in ids:
         Process.objects.create(
-            id=process_id, kind="worker", name=f"worker-test-{process_id}", pid=os.getpid(),
-            hostname="test", created_at=Now(), last_heartbeat_at=Now(),
+            id=process_id,
+            kind="worker",
+            name=f"worker-test-{process_id}",
+            pid=os.getpid(),
+            hostname="test",
+            created_at=Now(),
+            last_heartbeat_at=Now(),
         )

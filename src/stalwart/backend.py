@@ -23,11 +23,13 @@ from stalwart.queues import validate_queue_name
 from stalwart.resolution import resolve_task
 from stalwart.results import make_result, result_from_job
 from stalwart.serialization import encode_arguments, normalize_arguments
+from stalwart.task import StalwartTask
 
 
 class StalwartBackend(BaseTaskBackend):
     """Stores each enqueued task call as a row; ``queue work`` / ``queue supervise`` run them."""
 
+    task_class = StalwartTask
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
@@ -74,6 +76,9 @@ class StalwartBackend(BaseTaskBackend):
         task_path = task.module_path
         limit = self.config.max_arguments_size
         max_attempts = self.max_attempts_for(task)
+        guarded = isinstance(task, StalwartTask) and bool(
+            task.concurrency_limit is not None or task.unique
+        )
         rows: list[NewJob] = []
         results: list[TaskResult] = []
         for index, (args, kwargs) in enumerate(calls):
@@ -88,6 +93,10 @@ class StalwartBackend(BaseTaskBackend):
                     )
                 raise
             job_id = ids[index] if ids else uuid7()
+            concurrency_key = unique_key = None
+            if guarded:
+                concurrency_key = task.concurrency_key_for(plain_args, plain_kwargs)
+                unique_key = task.unique_key_for(plain_args, plain_kwargs)
             rows.append(
                 NewJob(
                     id=job_id,
@@ -102,6 +111,9 @@ class StalwartBackend(BaseTaskBackend):
                     available_at=available_at,
                     enqueued_at=now,
                     max_attempts=max_attempts,
+                    concurrency_key=concurrency_key,
+                    unique_key=unique_key,
+                    unique_while_running=bool(unique_key and task.unique_while_running),
                 )
             )
             results.append(
@@ -122,12 +134,34 @@ class StalwartBackend(BaseTaskBackend):
             )
         if not rows:
             return []
-        self.store.insert(rows)
+        fresh = results
+        if guarded:
+            results, fresh = self._insert_guarded(task, rows, results)
+        else:
+            self.store.insert(rows)
         # Announce the jobs once they exist for everyone: at commit, or now in autocommit.
-        transaction.on_commit(partial(self._send_enqueued, results), using=self.config.database)
-        for result in results:
+        transaction.on_commit(partial(self._send_enqueued, fresh), using=self.config.database)
+        for result in fresh:
             events.emit("job_enqueued", job=result.id, task=task_path, queue=task.queue_name)
         return results
+
+    def _insert_guarded(
+        self, task: Task, rows: list[NewJob], results: list[TaskResult]
+    ) -> tuple[list[TaskResult], list[TaskResult]]:
+        """Insert jobs with a concurrency key or a unique key; a duplicate returns its twin.
+
+        Returns every call's result, and those of the jobs actually created.
+        """
+        stored = self.store.insert_guarded(rows, slot_limit=task.concurrency_limit)
+        final, fresh = [], []
+        for result, outcome in zip(results, stored, strict=True):
+            if isinstance(outcome, NewJob):
+                final.append(result)
+                fresh.append(result)
+                continue
+            events.emit("job_deduplicated", task=task.module_path, job=str(outcome))
+            final.append(self.get_result(str(outcome)))
+        return final, fresh
 
     def enqueue_with_id(
         self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: uuid.UUID

@@ -6,6 +6,7 @@ Every error names the setting it is about, e.g. ``TASKS['default']['OPTIONS']['w
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
 from stalwart.exceptions import ConfigurationError, InvalidQueueName
@@ -58,6 +59,9 @@ class Options:
     max_arguments_size: int = MIB
     max_attempts: int = 5
     listen_notify: bool = True
+    # Finished jobs are deleted this long after they finish (None: kept for ever).
+    keep_successful: timedelta | None = timedelta(days=1)
+    keep_failed: timedelta | None = timedelta(days=7)
 
     def worker(self, **overrides: Any) -> WorkerOptions:
         """The first worker configuration, with command-line overrides applied."""
@@ -164,6 +168,26 @@ def _read_scheduler(values: Any, where: str) -> SchedulerOptions | None:
     return scheduler
 
 
+def _read_retention(reader: "_Reader", status: str, default: timedelta) -> timedelta | None:
+    values = reader.get("retention", {})
+    where = reader.name("retention")
+    if not isinstance(values, Mapping):
+        raise ConfigurationError(f"{where} must be a dict, not {values!r}.")
+    unknown = sorted(set(values) - {"successful", "failed"})
+    if unknown:
+        raise ConfigurationError(
+            f"{where}[{unknown[0]!r}] is not a Stalwart setting (known: 'failed', 'successful')."
+        )
+    value = values.get(status, default)
+    if value is None or isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigurationError(
+            f"{where}[{status!r}] must be seconds, a timedelta or None, not {value!r}."
+        )
+    return timedelta(seconds=value)
+
+
 def read_options(alias: str, params: Mapping[str, Any]) -> Options:
     """Read ``TASKS[alias]["OPTIONS"]`` into an ``Options``; raise ``ConfigurationError``."""
     reader = _Reader(params.get("OPTIONS", {}), f"TASKS[{alias!r}]['OPTIONS']")
@@ -217,6 +241,8 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         listen_notify=reader.choice(
             "listen_notify", True, lambda v: isinstance(v, bool), "True or False"
         ),
+        keep_successful=_read_retention(reader, "successful", timedelta(days=1)),
+        keep_failed=_read_retention(reader, "failed", timedelta(days=7)),
     )
     reader.finish()
     return options

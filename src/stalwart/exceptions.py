@@ -60,3 +60,15 @@ class TransactionLeftOpen(Exception):
             f"The task returned with a transaction still open on {names}; it was rolled back, "
             "so its writes there are lost."
         )
+
+
+class JobTimedOut(Exception):
+    """Recorded as a job's error when an attempt ran past its task's ``timeout``."""
+
+    def __init__(self, timeout: float, process: str) -> None:
+        self.timeout = timeout
+        self.process = process
+        super().__init__(
+            f"The attempt ran longer than the task's timeout of {timeout:g} s. Its thread could "
+            f"not be stopped, so its worker process {process} was replaced."
+        )

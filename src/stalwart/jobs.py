@@ -5,7 +5,9 @@ one transaction of ours, retried on transient errors, except ``insert``, which j
 caller's transaction so that a rolled-back enqueue never existed.
 """
 
+import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from django.db import connections, transaction
@@ -47,6 +49,56 @@ class JobStore:
         ):
             statements.insert(cursor, jobs, self.notify)
 
+    def insert_guarded(
+        self, jobs: Sequence[NewJob], *, slot_limit: int | None
+    ) -> list[NewJob | uuid.UUID]:
+        """Insert jobs one at a time, taking concurrency slots and honouring unique keys.
+
+        Runs in the caller's transaction if there is one (else in its own). Per job, returns
+        the job as inserted (``blocked`` if its key had no free slot), or the id of the
+        waiting twin that made it a duplicate. Contention is never an exception: a unique
+        conflict is an ``ON CONFLICT DO NOTHING`` and a row count.
+        """
+        outcome: list[NewJob | uuid.UUID] = []
+        statements = self.statements
+        with (
+            transaction.atomic(using=self.database, savepoint=False),
+            self.connection.cursor() as cursor,
+        ):
+            for job in jobs:
+                if job.concurrency_key is not None:
+                    limit = statements.lock_concurrency_key(
+                        cursor, key=job.concurrency_key, limit=slot_limit
+                    )
+                    if job.status == "ready" and (
+                        statements.slot_holders(cursor, key=job.concurrency_key) >= limit
+                    ):
+                        job = replace(job, status="blocked")  # noqa: PLW2901 - the job as stored
+                if job.unique_key is None:
+                    statements.insert(cursor, [job], self.notify)
+                    outcome.append(job)
+                    continue
+                outcome.append(self._insert_unique(cursor, job))
+        return outcome
+
+    def _insert_unique(self, cursor: Any, job: NewJob) -> NewJob | uuid.UUID:
+        from stalwart.models import Job
+        from stalwart.models.job import UNIQUE_STATES
+
+        for _ in range(5):
+            if self.statements.insert_unique(cursor, job, self.notify):
+                return job
+            twin = (
+                Job.objects.using(self.database)
+                .filter(UNIQUE_STATES, unique_key=job.unique_key)
+                .values_list("id", flat=True)
+                .first()
+            )
+            if twin is not None:
+                return twin
+            # The twin moved on between our insert and our look: try again.
+        raise RuntimeError(f"unique key {job.unique_key} kept changing hands")  # pragma: no cover
+
     def claim(
         self,
         *,
@@ -78,11 +130,11 @@ class JobStore:
             claimed.extend(retry_transient(self.database, claim_pattern, what="claim"))
         return claimed
 
-    def _in_transaction(self, what: str, work: Any) -> Any:
+    def _in_transaction(self, what: str, work: Any, *, atomic: bool = False) -> Any:
         """Run ``work(cursor)`` as one transaction (a single statement needs no BEGIN)."""
 
         def run() -> Any:
-            if self.statements.writes_are_single_statements:
+            if self.statements.writes_are_single_statements and not atomic:
                 with self.connection.cursor() as cursor:
                     return work(cursor)
             with transaction.atomic(using=self.database), self.connection.cursor() as cursor:
@@ -90,14 +142,24 @@ class JobStore:
 
         return retry_transient(self.database, run, what=what)
 
-    def finish(self, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
-        """Write the outcomes we still own; return ``{id: finished_at}`` for those written."""
+    def finish(
+        self, *, owner: int, outcomes: Sequence[Outcome], free_keys: Sequence[str] = ()
+    ) -> dict:
+        """Write the outcomes we still own; return ``{id: finished_at}`` for those written.
+
+        ``free_keys``: concurrency keys of these jobs; their freed slots are handed on in the
+        same transaction, so a slot is never lost between the two.
+        """
         if not outcomes:
             return {}
-        return self._in_transaction(
-            "finish",
-            lambda cursor: self.statements.finish(cursor, owner=owner, outcomes=outcomes),
-        )
+
+        def work(cursor: Any) -> dict:
+            written = self.statements.finish(cursor, owner=owner, outcomes=outcomes)
+            for key in sorted(set(free_keys)):
+                self.statements.unblock(cursor, key=key, notify=self.notify)
+            return written
+
+        return self._in_transaction("finish", work, atomic=bool(free_keys))
 
     def release(self, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
         """Give back jobs we hold (graceful stop); return the ids released."""
@@ -116,11 +178,41 @@ class JobStore:
             ),
         )
 
-    def promote_due(self, *, limit: int = 1000) -> int:
-        """Make due scheduled jobs ready (one batch); return how many."""
+    def wake(self, queue_names: Sequence[str]) -> None:
+        """Tell idle workers of these queues to look now (PostgreSQL; a no-op elsewhere)."""
+        if self.notify and queue_names:
+            with self.connection.cursor() as cursor:
+                self.statements.notify(cursor, queue_names)
 
-        def run() -> int:
+    def promote_due(self, *, limit: int = 1000) -> int:
+        """Move due scheduled jobs on (one batch) and hand out slots; return how many."""
+
+        def run() -> tuple[int, list]:
             with self.connection.cursor() as cursor:
                 return self.statements.promote_due(cursor, limit=limit, notify=self.notify)
 
-        return retry_transient(self.database, run, what="promote_due")
+        promoted, keys = retry_transient(self.database, run, what="promote_due")
+        self.unblock(keys)
+        return promoted
+
+    def unblock(self, keys: Sequence[str]) -> int:
+        """Hand out the free slots of these concurrency keys (one transaction per key)."""
+        handed_out = 0
+        for key in sorted(set(keys)):
+            handed_out += self._in_transaction(
+                "unblock",
+                lambda cursor, key=key: self.statements.unblock(
+                    cursor, key=key, notify=self.notify
+                ),
+                atomic=True,
+            )
+        return handed_out
+
+    def unblock_all(self) -> int:
+        """Hand out every free slot (a sweep: safe to run anywhere, any time)."""
+
+        def keys() -> list[str]:
+            with self.connection.cursor() as cursor:
+                return self.statements.blocked_keys(cursor)
+
+        return self.unblock(retry_transient(self.database, keys, what="blocked keys"))

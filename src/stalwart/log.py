@@ -24,6 +24,14 @@ _LEVELS = {
     "jobs_released": logging.WARNING,
     "jobs_promoted": logging.DEBUG,
     "recurring_enqueued": logging.INFO,
+    "job_timed_out": logging.ERROR,
+    "job_deduplicated": logging.DEBUG,
+    "queue_paused": logging.INFO,
+    "queue_resumed": logging.INFO,
+    "jobs_retried": logging.INFO,
+    "jobs_discarded": logging.INFO,
+    "jobs_pruned": logging.INFO,
+    "jobs_expired": logging.INFO,
     "recurring_task_invalid": logging.ERROR,
     "database_retry": logging.WARNING,
     "process_started": logging.INFO,
@@ -46,6 +54,7 @@ _LEVELS = {
     "event_subscriber_failed": logging.ERROR,
     "process_replaced": logging.INFO,
     "heartbeat_failed": logging.WARNING,
+    "chore_failed": logging.WARNING,
     "listener_failed": logging.WARNING,
 }
 

@@ -141,13 +141,14 @@ def read_entry(  # noqa: PLR0912 - one check per field, in the order they are do
         CronSim(expression, datetime.now(zone))
     except CronSimError as error:
         raise _entry_error(where, f"has an invalid 'schedule' {schedule!r}: {error}.") from None
+    raw_args, raw_kwargs = entry.get("args", []), entry.get("kwargs", {})
+    if not isinstance(raw_args, list | tuple) or not isinstance(raw_kwargs, Mapping):
+        raise _entry_error(where, "needs 'args' to be a list and 'kwargs' a dict.")
     try:
-        args = normalize(list(entry.get("args", [])), "args")
-        kwargs = normalize(dict(entry.get("kwargs", {})), "kwargs")
+        args = normalize(list(raw_args), "args")
+        kwargs = normalize(dict(raw_kwargs), "kwargs")
     except InvalidTaskArguments as error:
         raise _entry_error(where, f"has invalid arguments: {error}.") from None
-    except (TypeError, ValueError):
-        raise _entry_error(where, "needs 'args' to be a list and 'kwargs' a dict.") from None
     queue_name = entry.get("queue_name")
     if queue_name is not None:
         try:

@@ -9,14 +9,17 @@ from datetime import datetime
 
 from django.db import connections, transaction
 from django.db.models import Max
-from django.tasks import TaskResult, task_backends
+from django.tasks import Task, TaskResult, task_backends
+from django.tasks.exceptions import InvalidTask
 
 from stalwart.db import statements_for
 from stalwart.db.retry import retry_transient
+from stalwart.exceptions import TaskNotFound
 from stalwart.ids import uuid7
 from stalwart.models import RecurringRun
 from stalwart.recurring import RecurringTask
 from stalwart.resolution import resolve_task
+from stalwart.serialization import encode_arguments, normalize_arguments
 
 
 def last_runs(database: str) -> dict[str, datetime]:
@@ -35,17 +38,35 @@ def database_now(database: str) -> datetime:
         return statements_for(connection).database_now(cursor)
 
 
-def enqueue_tick(
-    entry: RecurringTask, run_at: datetime, *, alias: str, database: str
-) -> TaskResult | None:
-    """Enqueue ``entry``'s tick at ``run_at`` unless some scheduler already did (None)."""
-    backend = task_backends[alias]
+def bound_task(entry: RecurringTask, alias: str) -> Task:
+    """The entry's task as it will be enqueued (raises if it cannot be)."""
     changes: dict = {"backend": alias}
     if entry.queue_name is not None:
         changes["queue_name"] = entry.queue_name
     if entry.priority is not None:
         changes["priority"] = entry.priority
-    task = resolve_task(entry.task_path).using(**changes)
+    return resolve_task(entry.task_path).using(**changes)
+
+
+def check_entry(entry: RecurringTask, alias: str) -> str | None:
+    """Why this recurring task cannot be enqueued (task, queue, arguments), or None."""
+    try:
+        task = bound_task(entry, alias)
+        backend = task_backends[alias]
+        backend.validate_task(task)
+        plain_args, plain_kwargs = normalize_arguments(entry.args, entry.kwargs)
+        encode_arguments(plain_args, plain_kwargs, backend.config.max_arguments_size)
+    except (TaskNotFound, InvalidTask) as error:
+        return f"{entry.key}: {error}"
+    return None
+
+
+def enqueue_tick(
+    entry: RecurringTask, run_at: datetime, *, alias: str, database: str
+) -> TaskResult | None:
+    """Enqueue ``entry``'s tick at ``run_at`` unless some scheduler already did (None)."""
+    backend = task_backends[alias]
+    task = bound_task(entry, alias)
 
     def claim_and_enqueue() -> TaskResult | None:
         job_id = uuid7()

@@ -26,6 +26,8 @@ EVERYTHING = QueueSelector.parse("*")
 @pytest.fixture(autouse=True)
 def processes():
     register_processes(*range(1, 10))
+
+
 PAUSE_LOCK = 4242
 
 

@@ -77,3 +77,33 @@ def test_a_task_that_does_not_exist_is_reported_and_skipped(recorded_events):
     scheduler.started_at = database_now("default") - timedelta(seconds=5)
     scheduler.tick()
     assert set(RecurringRun.objects.values_list("key", flat=True)) == {"fine"}
+
+
+def test_an_entry_the_backend_refuses_is_skipped_not_a_crash_loop():
+    config = task_backends["limited"].config  # QUEUES: default, other; 1 KiB of arguments
+    recurring = read_recurring(
+        {
+            "wrong-queue": {
+                "task": "tests.testapp.tasks.noop",
+                "schedule": "* * * * * *",
+                "queue_name": "elsewhere",
+            },
+            "too-big": {
+                "task": "tests.testapp.tasks.echo",
+                "schedule": "* * * * * *",
+                "args": ["x" * 5000],
+            },
+            "fine": {"task": "tests.testapp.tasks.noop", "schedule": "* * * * * *"},
+        },
+        "recurring",
+        "UTC",
+    )
+    scheduler = Scheduler(config=replace(config, recurring=recurring), scheduler=SchedulerOptions())
+    scheduler.request_stop()
+    scheduler.main()
+    assert set(scheduler.broken) == {"wrong-queue", "too-big"}
+    assert "Queue 'elsewhere' is not valid" in scheduler.broken["wrong-queue"]
+    assert "over the limit of 1024 bytes" in scheduler.broken["too-big"]
+    scheduler.started_at = database_now("default") - timedelta(seconds=5)
+    scheduler.tick()
+    assert set(RecurringRun.objects.values_list("key", flat=True)) == {"fine"}

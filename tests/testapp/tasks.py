@@ -8,6 +8,7 @@ from django.db import connection, transaction
 from django.tasks import TaskContext, task
 from django.utils import timezone
 
+import stalwart
 from tests.testapp.models import Execution
 
 
@@ -95,3 +96,64 @@ def break_connection() -> None:
 def kill_own_process() -> None:
     """A poison job: it takes its worker process down with it, every time."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- tasks with Stalwart's options (stalwart.task works on Django 6.0 and 6.1) -----------------
+
+
+@stalwart.task(takes_context=True, max_attempts=4, backoff=0)
+def flaky(context: TaskContext, failures: int) -> int:
+    """Fails its first ``failures`` attempts, then succeeds."""
+    if context.attempt <= failures:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return context.attempt
+
+
+@stalwart.task(max_attempts=3, backoff=0)
+def always_fails() -> None:
+    raise ConnectionError("never works")
+
+
+@stalwart.task(max_attempts=3, retry_on=(ConnectionError,), backoff=0)
+def fails_without_retry() -> None:
+    raise TypeError("not worth retrying")
+
+
+@stalwart.task(max_attempts=5, backoff=stalwart.Fixed(30))
+def fails_slowly() -> None:
+    raise ConnectionError("come back in 30 s")
+
+
+@stalwart.task(timeout=1)
+def overruns(seconds: float = 30) -> None:
+    time.sleep(seconds)
+
+
+@stalwart.task(takes_context=True, concurrency_limit=1, concurrency_key="{key}")
+def one_at_a_time(context: TaskContext, key: str, sleep: float = 0.0) -> None:
+    started = timezone.now()
+    if sleep:
+        time.sleep(sleep)
+    Execution.objects.create(
+        job_id=context.task_result.id,
+        label=key,
+        attempt=context.attempt,
+        pid=os.getpid(),
+        started_at=started,
+        finished_at=timezone.now(),
+    )
+
+
+@stalwart.task(concurrency_limit=2, concurrency_key=lambda account, **kwargs: account)
+def two_per_account(account: int, sleep: float = 0.0) -> None:
+    time.sleep(sleep)
+
+
+@stalwart.task(unique=True)
+def unique_report(day: str) -> str:
+    return day
+
+
+@stalwart.task(unique="{account}", unique_while_running=True)
+def sync_account(account: int, full: bool = False) -> None:
+    return None

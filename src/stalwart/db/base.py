@@ -35,6 +35,7 @@ CLAIM_COLUMNS = (
     "max_attempts",
     "worker_ids",
     "errors",
+    "concurrency_key",
 )
 
 # The columns an insert writes, in order.
@@ -54,6 +55,9 @@ INSERT_COLUMNS = (
     "attempt",
     "worker_ids",
     "errors",
+    "concurrency_key",
+    "unique_key",
+    "unique_while_running",
 )
 
 
@@ -73,6 +77,9 @@ class NewJob:
     available_at: datetime
     enqueued_at: datetime
     max_attempts: int
+    concurrency_key: str | None = None
+    unique_key: str | None = None
+    unique_while_running: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +101,7 @@ class ClaimedJob:
     max_attempts: int
     worker_ids: list
     errors: list
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +127,7 @@ class Released:
     id: uuid.UUID
     status: str
     queue_name: str
+    concurrency_key: str | None = None
 
 
 _converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -171,6 +180,7 @@ class Statements:
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
+        self._unique_predicate: str | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -242,6 +252,9 @@ class Statements:
                     0,
                     "[]",
                     "[]",
+                    job.concurrency_key,
+                    job.unique_key,
+                    job.unique_while_running,
                 )
             )
         cursor.execute(
@@ -281,8 +294,11 @@ class Statements:
         """
         raise NotImplementedError
 
-    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> int:
-        """Make due scheduled jobs ready; return how many."""
+    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
+        """Move due scheduled jobs on (ready, or blocked if they need a concurrency slot).
+
+        Returns how many moved, and the concurrency keys whose slots should be handed out.
+        """
         raise NotImplementedError
 
     def notify(self, cursor: Any, queue_names: Sequence[str]) -> None:
@@ -346,3 +362,245 @@ class Statements:
             [key, self.datetime_param(run_at), self.uuid_param(job_id), self.now_param()],
         )
         return cursor.rowcount == 1
+
+    # -- uniqueness, concurrency keys ------------------------------------------------------
+
+    def insert_unique(self, cursor: Any, job: NewJob, notify: bool) -> bool:
+        """Insert one job unless an equal one is waiting (same unique key); True if inserted."""
+        columns = ", ".join(INSERT_COLUMNS)
+        cursor.execute(
+            f"INSERT INTO stalwart_job ({columns}) "
+            f"VALUES ({', '.join(['%s'] * len(INSERT_COLUMNS))}) "
+            f"ON CONFLICT (unique_key) WHERE {self.unique_predicate()} DO NOTHING",
+            self.insert_params(job),
+        )
+        inserted = cursor.rowcount == 1
+        if inserted and notify and job.status == "ready":
+            self.notify(cursor, [job.queue_name])
+        return inserted
+
+    def unique_predicate(self) -> str:
+        """The partial unique index's condition, as Django wrote it for this database.
+
+        ``ON CONFLICT`` must name the index's predicate; rendering it the way the migration
+        did keeps the two identical on every database.
+        """
+        if self._unique_predicate is None:
+            from django.db.models.sql import Query
+
+            from stalwart.models.job import UNIQUE_STATES
+
+            query = Query(model=Job, alias_cols=False)
+            where = query.build_where(UNIQUE_STATES)
+            sql, params = where.as_sql(
+                query.get_compiler(connection=self.connection), self.connection
+            )
+            editor = self.connection.SchemaEditorClass(self.connection)
+            self._unique_predicate = sql % tuple(editor.quote_value(p) for p in params)
+        return self._unique_predicate
+
+    def insert_params(self, job: NewJob) -> list:
+        return [
+            self.uuid_param(job.id),
+            job.task_path,
+            job.backend,
+            job.queue_name,
+            job.priority,
+            job.status,
+            job.args,
+            job.kwargs,
+            self.datetime_param(job.run_after),
+            self.datetime_param(job.available_at),
+            self.datetime_param(job.enqueued_at),
+            job.max_attempts,
+            0,
+            "[]",
+            "[]",
+            job.concurrency_key,
+            job.unique_key,
+            job.unique_while_running,
+        ]
+
+    def lock_concurrency_key(self, cursor: Any, *, key: str, limit: int | None) -> int:
+        """Create or lock the key's row (and set its limit, if given); return its limit.
+
+        The row lock (a write, so SQLite's write lock too) serialises everyone who hands
+        out this key's slots until the transaction ends.
+        """
+        now = self.now_param()
+        if limit is None:
+            cursor.execute(
+                "UPDATE stalwart_concurrency_key SET updated_at = %s WHERE key = %s "
+                "RETURNING slot_limit",
+                [now, key],
+            )
+        else:
+            cursor.execute(
+                "INSERT INTO stalwart_concurrency_key (key, slot_limit, updated_at) "
+                "VALUES (%s, %s, %s) ON CONFLICT (key) DO UPDATE "
+                "SET slot_limit = excluded.slot_limit, updated_at = excluded.updated_at "
+                "RETURNING slot_limit",
+                [key, limit, now],
+            )
+        row = cursor.fetchone()
+        return 0 if row is None else row[0]
+
+    def slot_holders(self, cursor: Any, *, key: str) -> int:
+        cursor.execute(
+            "SELECT count(*) FROM stalwart_job "
+            "WHERE concurrency_key = %s AND status IN ('ready', 'running')",
+            [key],
+        )
+        return cursor.fetchone()[0]
+
+    def unblock(self, cursor: Any, *, key: str, notify: bool) -> int:
+        """Hand the key's free slots to its blocked jobs, most urgent first; return how many.
+
+        Call inside a transaction: the key's row stays locked until it ends.
+        """
+        limit = self.lock_concurrency_key(cursor, key=key, limit=None)
+        free = limit - self.slot_holders(cursor, key=key)
+        if free <= 0:
+            return 0
+        cursor.execute(
+            "UPDATE stalwart_job SET status = 'ready' WHERE status = 'blocked' AND id IN ("
+            "SELECT id FROM stalwart_job WHERE status = 'blocked' AND concurrency_key = %s "
+            "ORDER BY priority DESC, available_at, id LIMIT %s) RETURNING queue_name",
+            [key, free],
+        )
+        queues = [row[0] for row in cursor.fetchall()]
+        if queues and notify:
+            self.notify(cursor, queues)
+        return len(queues)
+
+    def blocked_keys(self, cursor: Any) -> list[str]:
+        cursor.execute("SELECT DISTINCT concurrency_key FROM stalwart_job WHERE status = 'blocked'")
+        return sorted(row[0] for row in cursor.fetchall())
+
+    # -- failed and finished jobs, in bounded batches --------------------------------------
+
+    def selection_sql(
+        self,
+        *,
+        ids: Sequence[uuid.UUID] = (),
+        task_path: str | None = None,
+        queue_name: str | None = None,
+    ) -> tuple[str, list]:
+        """Extra conditions (each starting with AND) choosing jobs by id, task or queue."""
+        sql, params = [], []
+        if ids:
+            sql.append(f"AND id IN ({', '.join(['%s'] * len(ids))})")
+            params.extend(self.uuid_param(job_id) for job_id in ids)
+        if task_path is not None:
+            sql.append("AND task_path = %s")
+            params.append(task_path)
+        if queue_name is not None:
+            sql.append("AND queue_name = %s")
+            params.append(queue_name)
+        return " ".join(sql), params
+
+    def requeue_batch(
+        self,
+        cursor: Any,
+        *,
+        status: str,
+        conditions: str,
+        params: list,
+        limit: int,
+        grant_attempt: bool,
+    ) -> list[tuple[str, str | None]]:
+        """Move up to ``limit`` jobs in ``status`` back to waiting; return (queue, key) pairs.
+
+        Jobs with a concurrency key go to ``blocked`` (a slot is then handed out), the rest to
+        ``ready``. A failed job gets one more attempt than it has failed. A job whose unique
+        key is taken by a waiting twin is left as it is.
+        """
+        attempts = ""
+        if grant_attempt:
+            failed = self.error_count_sql("errors")
+            attempts = (
+                f", max_attempts = CASE WHEN max_attempts > {failed} THEN max_attempts "
+                f"ELSE {failed} + 1 END"
+            )
+        cursor.execute(
+            f"""
+            UPDATE stalwart_job
+            SET status = CASE WHEN concurrency_key IS NULL THEN 'ready' ELSE 'blocked' END,
+                finished_at = NULL, available_at = %s{attempts}
+            WHERE status = %s AND id IN (
+                SELECT id FROM stalwart_job AS candidate
+                WHERE status = %s {conditions}
+                  AND (candidate.unique_key IS NULL OR NOT EXISTS (
+                      SELECT 1 FROM stalwart_job AS twin
+                      WHERE twin.unique_key = candidate.unique_key
+                        AND twin.status IN ('scheduled', 'blocked', 'ready')))
+                ORDER BY id LIMIT %s
+            )
+            RETURNING queue_name, concurrency_key
+            """,
+            [self.now_param(), status, status, *params, limit],
+        )
+        return cursor.fetchall()
+
+    def delete_batch(
+        self,
+        cursor: Any,
+        *,
+        statuses: Sequence[str],
+        conditions: str,
+        params: list,
+        limit: int,
+        finished_before: datetime | None = None,
+    ) -> int:
+        """Delete up to ``limit`` jobs in ``statuses``; return how many."""
+        placeholders = ", ".join(["%s"] * len(statuses))
+        age = ""
+        age_params: list = []
+        if finished_before is not None:
+            age = "AND finished_at < %s"
+            age_params = [self.datetime_param(finished_before)]
+        cursor.execute(
+            f"""
+            DELETE FROM stalwart_job
+            WHERE status IN ({placeholders}) {age} AND id IN (
+                SELECT id FROM stalwart_job
+                WHERE status IN ({placeholders}) {age} {conditions}
+                ORDER BY id LIMIT %s
+            )
+            """,
+            [*statuses, *age_params, *statuses, *age_params, *params, limit],
+        )
+        return cursor.rowcount
+
+    def count_selected(
+        self,
+        cursor: Any,
+        *,
+        statuses: Sequence[str],
+        conditions: str,
+        params: list,
+        finished_before: datetime | None = None,
+    ) -> int:
+        placeholders = ", ".join(["%s"] * len(statuses))
+        age, age_params = "", []
+        if finished_before is not None:
+            age, age_params = "AND finished_at < %s", [self.datetime_param(finished_before)]
+        cursor.execute(
+            f"SELECT count(*) FROM stalwart_job WHERE status IN ({placeholders}) {age} "
+            f"{conditions}",
+            [*statuses, *age_params, *params],
+        )
+        return cursor.fetchone()[0]
+
+    def delete_old_ticks(self, cursor: Any, *, before: datetime) -> int:
+        """Forget recurring ticks older than ``before``, keeping each key's latest."""
+        cursor.execute(
+            "DELETE FROM stalwart_recurring_run WHERE run_at < %s AND run_at < ("
+            "SELECT max(latest.run_at) FROM stalwart_recurring_run AS latest "
+            "WHERE latest.key = stalwart_recurring_run.key)",
+            [self.datetime_param(before)],
+        )
+        return cursor.rowcount
+
+    def error_count_sql(self, column: str) -> str:
+        raise NotImplementedError

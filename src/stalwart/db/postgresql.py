@@ -17,7 +17,7 @@ CHANNEL = "stalwart"
 SMALL_INSERT = 20  # rows up to which an insert sends VALUES rather than arrays
 _VALUES_ROW = (
     "(%s::uuid, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::timestamptz, %s::timestamptz, "
-    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb)"
+    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb, %s, %s, %s)"
 )
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
@@ -48,6 +48,9 @@ class PostgreSQLStatements(Statements):
                         job.available_at,
                         job.enqueued_at,
                         job.max_attempts,
+                        job.concurrency_key,
+                        job.unique_key,
+                        job.unique_while_running,
                     )
                 )
             source = f"VALUES {rows_sql}"
@@ -65,21 +68,27 @@ class PostgreSQLStatements(Statements):
                 [job.available_at for job in jobs],
                 [job.enqueued_at for job in jobs],
                 [job.max_attempts for job in jobs],
+                [job.concurrency_key for job in jobs],
+                [job.unique_key for job in jobs],
+                [job.unique_while_running for job in jobs],
             ]
             source = """
                 SELECT id, task_path, backend, queue_name, priority, status, args::jsonb,
                        kwargs::jsonb, run_after, available_at, enqueued_at, max_attempts, 0,
-                       '[]'::jsonb, '[]'::jsonb
+                       '[]'::jsonb, '[]'::jsonb, concurrency_key, unique_key,
+                       unique_while_running
                 FROM unnest(
                     %s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::text[],
                     %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
-                    %s::timestamptz[], %s::integer[]
+                    %s::timestamptz[], %s::integer[], %s::text[], %s::text[], %s::boolean[]
                 ) AS row(id, task_path, backend, queue_name, priority, status, args, kwargs,
-                         run_after, available_at, enqueued_at, max_attempts)"""
+                         run_after, available_at, enqueued_at, max_attempts, concurrency_key,
+                         unique_key, unique_while_running)"""
         insert = f"""
             INSERT INTO stalwart_job (
                 id, task_path, backend, queue_name, priority, status, args, kwargs,
-                run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids, errors
+                run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids, errors,
+                concurrency_key, unique_key, unique_while_running
             ) {source}"""
         ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
         if not (notify and ready_queues):
@@ -214,22 +223,24 @@ class PostgreSQLStatements(Statements):
                         'exception_class_path', %s::text, 'traceback', %s::text))
                 FROM held
                 WHERE job.id = held.id AND job.status = 'running' AND job.owner = %s
-                RETURNING job.id, job.status, job.queue_name
+                RETURNING job.id, job.status, job.queue_name, job.concurrency_key
             ),
             wake AS (
                 SELECT pg_notify('{CHANNEL}', q)
                 FROM (SELECT DISTINCT queue_name AS q FROM released WHERE status = 'ready') AS qs
             )
-            SELECT id, status, queue_name FROM released, (SELECT count(*) FROM wake) AS woken
+            SELECT id, status, queue_name, concurrency_key
+            FROM released, (SELECT count(*) FROM wake) AS woken
             """,
             [owner, error_class, error_text, owner],
         )
         return [Released(*row) for row in cursor.fetchall()]
 
-    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> int:
+    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
+        # Jobs with a concurrency key wait for a slot (blocked); the others are ready.
         wake = (
             f", wake AS (SELECT pg_notify('{CHANNEL}', q) "
-            "FROM (SELECT DISTINCT queue_name AS q FROM promoted) AS qs)"
+            "FROM (SELECT DISTINCT queue_name AS q FROM promoted WHERE status = 'ready') AS qs)"
             if notify
             else ""
         )
@@ -243,15 +254,20 @@ class PostgreSQLStatements(Statements):
                 FOR UPDATE SKIP LOCKED
             ),
             promoted AS (
-                UPDATE stalwart_job AS job SET status = 'ready'
+                UPDATE stalwart_job AS job
+                SET status = CASE WHEN job.concurrency_key IS NULL THEN 'ready'
+                                  ELSE 'blocked' END
                 FROM due WHERE job.id = due.id AND job.status = 'scheduled'
-                RETURNING job.queue_name
+                RETURNING job.queue_name, job.status, job.concurrency_key
             ){wake}
-            SELECT count(*){", (SELECT count(*) FROM wake)" if notify else ""} FROM promoted
+            SELECT count(*), array_remove(array_agg(DISTINCT concurrency_key), NULL)
+                   {", (SELECT count(*) FROM wake)" if notify else ""}
+            FROM promoted
             """,
             [limit],
         )
-        return cursor.fetchone()[0]
+        row = cursor.fetchone()
+        return row[0], sorted(row[1] or [])
 
     def notify(self, cursor: Any, queue_names: Sequence[str]) -> None:
         if queue_names:
@@ -303,3 +319,6 @@ class PostgreSQLStatements(Statements):
             [name, holder],
         )
         return cursor.rowcount == 1
+
+    def error_count_sql(self, column: str) -> str:
+        return f"jsonb_array_length({column})"

@@ -121,29 +121,37 @@ class SQLiteStatements(Statements):
                 owner = NULL,
                 errors = json_insert(errors, '$[#]', json(%s))
             WHERE status = 'running' AND owner = %s
-            RETURNING id, status, queue_name
+            RETURNING id, status, queue_name, concurrency_key
             """,
             [self.now_param(), error, owner],
         )
         pk = self.connection.ops.convert_uuidfield_value
         return [
-            Released(pk(row[0], None, self.connection), row[1], row[2]) for row in cursor.fetchall()
+            Released(pk(row[0], None, self.connection), row[1], row[2], row[3])
+            for row in cursor.fetchall()
         ]
 
-    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> int:
+    def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
+        # Jobs with a concurrency key wait for a slot (blocked); the others are ready.
         cursor.execute(
             """
-            UPDATE stalwart_job SET status = 'ready'
+            UPDATE stalwart_job
+            SET status = CASE WHEN concurrency_key IS NULL THEN 'ready' ELSE 'blocked' END
             WHERE status = 'scheduled' AND id IN (
                 SELECT id FROM stalwart_job
                 WHERE status = 'scheduled' AND available_at <= %s
                 ORDER BY available_at, id
                 LIMIT %s
             )
+            RETURNING concurrency_key
             """,
             [self.now_param(), limit],
         )
-        return cursor.rowcount
+        keys = [row[0] for row in cursor.fetchall()]
+        return len(keys), sorted({key for key in keys if key is not None})
+
+    def error_count_sql(self, column: str) -> str:
+        return f"json_array_length({column})"
 
     def silent_since_sql(self) -> str:
         return "%s"

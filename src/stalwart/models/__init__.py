@@ -1,8 +1,9 @@
 """The tables Stalwart keeps in the application's database."""
 
+from stalwart.models.control import ConcurrencyKey, QueuePause
 from stalwart.models.job import Job, JobStatus
 from stalwart.models.lease import Lease
 from stalwart.models.process import Process
 from stalwart.models.recurring import RecurringRun
 
-__all__ = ["Job", "JobStatus", "Lease", "Process", "RecurringRun"]
+__all__ = ["ConcurrencyKey", "Job", "JobStatus", "Lease", "Process", "QueuePause", "RecurringRun"]

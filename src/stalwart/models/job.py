@@ -30,6 +30,13 @@ _TASK_RESULT_STATUS = {
 }
 
 
+# The states in which a job's unique key excludes another job with the same key.
+UNIQUE_STATES = models.Q(unique_key__isnull=False) & (
+    models.Q(status__in=["scheduled", "blocked", "ready"])
+    | models.Q(status="running", unique_while_running=True)
+)
+
+
 class Job(models.Model):
     """A task call. The hot statements on this table live in ``stalwart.db``."""
 
@@ -58,9 +65,22 @@ class Job(models.Model):
     worker_ids = models.JSONField(default=list)
     errors = models.JSONField(default=list)
     return_value = models.JSONField(null=True, blank=True)
+    # Concurrency limit: jobs with one key hold its slots while ready or running.
+    # NULL, not "", means "no key": partial indexes leave NULL keys out.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # Uniqueness: at most one waiting job (and, if asked, running job) per key.
+    unique_key = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    unique_while_running = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "stalwart_job"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                condition=UNIQUE_STATES,
+                name="stalwart_job_unique_waiting",
+            ),
+        ]
         indexes = [
             # The claim: ORDER BY priority DESC, available_at, id within one queue...
             models.Index(
@@ -85,6 +105,18 @@ class Job(models.Model):
                 fields=["owner"],
                 condition=models.Q(status="running"),
                 name="stalwart_job_owner",
+            ),
+            # Blocked jobs by key, in the order slots are handed out.
+            models.Index(
+                fields=["concurrency_key", "-priority", "available_at", "id"],
+                condition=models.Q(status="blocked"),
+                name="stalwart_job_blocked",
+            ),
+            # Slot holders: keyed jobs that are ready or running.
+            models.Index(
+                fields=["concurrency_key"],
+                condition=models.Q(status__in=["ready", "running"], concurrency_key__isnull=False),
+                name="stalwart_job_slot_holders",
             ),
             # Failed jobs by queue (status pages, retry and discard in bulk).
             models.Index(

@@ -137,6 +137,10 @@ class Role:
             ParentWatch(self.parent_pid, self.on_parent_gone).start()
         try:
             self.main()
+        except BaseException:
+            if self.exit_status == EXIT_OK:
+                self.exit_status = EXIT_CRASHED
+            raise
         finally:
             # Stop beating before the row goes, or a last beat would find it gone and fence us.
             if self._heartbeat is not None:

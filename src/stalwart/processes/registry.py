@@ -82,6 +82,21 @@ class GoneProcess:
     released: list[Released]
 
 
+def hand_on_slots(statements: Any, cursor: Any, released: list[Released]) -> None:
+    """Jobs failed for good free their concurrency slot: hand it on, in the same transaction.
+
+    (Jobs released to ready keep theirs: they will run again.)
+    """
+    for key in sorted(
+        {
+            job.concurrency_key
+            for job in released
+            if job.status == "failed" and job.concurrency_key is not None
+        }
+    ):
+        statements.unblock(cursor, key=key, notify=True)
+
+
 def prune_dead_processes(
     database: str, *, threshold: float, exclude: int | None
 ) -> list[GoneProcess]:
@@ -113,9 +128,11 @@ def prune_dead_processes(
                     f"Process {name} (pid {pid} on {hostname}) sent no heartbeat for over "
                     f"{threshold:g} s and was declared dead."
                 )
-                return statements.release_owner(
+                released = statements.release_owner(
                     cursor, owner=process_id, error_class=PROCESS_DIED, error_text=cause
                 )
+                hand_on_slots(statements, cursor, released)
+                return released
 
         released = retry_transient(database, prune_one, what="prune a dead process")
         if released is not None:
@@ -148,6 +165,7 @@ def remove_reaped_child(
                     error_class=PROCESS_DIED,
                     error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
                 )
+                hand_on_slots(statements, cursor, released)
                 Process.objects.using(database).filter(id=process_id).delete()
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone

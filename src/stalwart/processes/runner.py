@@ -7,6 +7,7 @@ write and a thread whose connections are fit for the next job.
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from traceback import format_exception
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.db import DatabaseError, connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_started
+from django.utils import timezone
 
 from stalwart.db import ClaimedJob, Outcome
 from stalwart.exceptions import TransactionLeftOpen
@@ -21,6 +23,7 @@ from stalwart.models import JobStatus
 from stalwart.resolution import resolve_task
 from stalwart.results import bind_task, make_result, task_errors
 from stalwart.serialization import dumps, normalize
+from stalwart.task import StalwartTask
 
 
 @dataclass(slots=True)
@@ -33,6 +36,7 @@ class Finished:
     duration: float
     error: TaskError | None = None
     return_value: Any = None
+    retry_in: float | None = None  # seconds until the next attempt, when one is scheduled
 
 
 def error_for(exception: BaseException) -> TaskError:
@@ -49,18 +53,54 @@ def encode_errors(errors: list[TaskError]) -> str:
     )
 
 
-def _failed(
-    job: ClaimedJob, result: TaskResult | None, error: TaskError, started: float
-) -> Finished:
+def failure_outcome(
+    job: ClaimedJob, task: Any, exception: BaseException, error: TaskError
+) -> tuple[Outcome, float | None]:
+    """Failed for good, or scheduled again if the task's retry policy allows another attempt.
+
+    Every failed attempt (a worker's death included) counts towards ``max_attempts``.
+    """
     errors = [*task_errors(job.errors), error]
-    return Finished(
-        job=job,
-        outcome=Outcome(
+    if (
+        isinstance(task, StalwartTask)
+        and task.should_retry(exception)
+        and len(errors) < job.max_attempts
+    ):
+        delay = task.retry_delay(len(errors))
+        return (
+            Outcome(
+                id=job.id,
+                attempt=job.attempt,
+                status=JobStatus.SCHEDULED,
+                errors=encode_errors(errors),
+                available_at=timezone.now() + timedelta(seconds=delay),
+            ),
+            delay,
+        )
+    return (
+        Outcome(
             id=job.id, attempt=job.attempt, status=JobStatus.FAILED, errors=encode_errors(errors)
         ),
+        None,
+    )
+
+
+def _failed(
+    job: ClaimedJob,
+    result: TaskResult | None,
+    exception: BaseException,
+    started: float,
+    task: Any = None,
+) -> Finished:
+    error = error_for(exception)
+    outcome, retry_in = failure_outcome(job, task, exception, error)
+    return Finished(
+        job=job,
+        outcome=outcome,
         result=result,
         duration=time.monotonic() - started,
         error=error,
+        retry_in=retry_in,
     )
 
 
@@ -77,7 +117,7 @@ def run_job(job: ClaimedJob, sender: type) -> Finished:
                 backend=job.backend,
             )
         except Exception as exception:  # noqa: BLE001 - an unrunnable job fails, the worker goes on
-            return _failed(job, None, error_for(exception), started)
+            return _failed(job, None, exception, started)
         result = make_result(
             task,
             job_id=job.id,
@@ -103,7 +143,7 @@ def run_job(job: ClaimedJob, sender: type) -> Finished:
                 raise TransactionLeftOpen(left_open)
             value = normalize(value, "return value")
         except BaseException as exception:  # noqa: BLE001 - SystemExit and friends fail the job only
-            return _failed(job, result, error_for(exception), started)
+            return _failed(job, result, exception, started, task)
         return Finished(
             job=job,
             outcome=Outcome(

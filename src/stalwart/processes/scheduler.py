@@ -11,14 +11,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError
+from django.tasks.exceptions import InvalidTask
 
 from stalwart import events
 from stalwart.conf import Options, SchedulerOptions
 from stalwart.db.errors import is_transient
 from stalwart.exceptions import TaskNotFound
 from stalwart.processes.base import Role
-from stalwart.resolution import resolve_task
-from stalwart.ticks import database_now, enqueue_tick, last_runs
+from stalwart.ticks import check_entry, database_now, enqueue_tick, last_runs
 
 
 class Scheduler(Role):
@@ -36,11 +36,9 @@ class Scheduler(Role):
     def main(self) -> None:
         self.set_title(f"scheduling {len(self.config.recurring)} recurring tasks")
         for entry in self.config.recurring:
-            try:
-                resolve_task(entry.task_path)
-            except TaskNotFound as error:
-                self.broken[entry.key] = str(error)
-                events.emit("recurring_task_invalid", key=entry.key, error=str(error))
+            problem = check_entry(entry, self.config.alias)
+            if problem is not None:
+                self.mark_broken(entry.key, problem)
         while not self.stop_requested:
             started = time.monotonic()
             try:
@@ -51,6 +49,10 @@ class Scheduler(Role):
                 events.emit("database_unavailable", process=self.name, error=str(error))
             elapsed = time.monotonic() - started
             self.waker.wait(max(self.scheduler.polling_interval - elapsed, 0))
+
+    def mark_broken(self, key: str, problem: str) -> None:
+        self.broken[key] = problem
+        events.emit("recurring_task_invalid", key=key, error=problem)
 
     def tick(self) -> None:
         """Enqueue every tick that is due now."""
@@ -65,9 +67,14 @@ class Scheduler(Role):
                 continue
             since = latest.get(entry.key, self.started_at)
             for run_at in entry.due(since=since, now=now):
-                result = enqueue_tick(
-                    entry, run_at, alias=self.config.alias, database=self.database
-                )
+                try:
+                    result = enqueue_tick(
+                        entry, run_at, alias=self.config.alias, database=self.database
+                    )
+                except (InvalidTask, TaskNotFound) as error:
+                    # One bad entry must not stop the others (nor crash-loop the scheduler).
+                    self.mark_broken(entry.key, str(error))
+                    break
                 if result is not None:
                     events.emit(
                         "recurring_enqueued",

@@ -136,8 +136,19 @@ class Supervisor(Role):
                 self.fence("its process row is gone (pruned as dead)")
                 return
             self._last_beat = time.monotonic()
-            if not chores:
-                return
+        except DatabaseError as error:
+            if not is_transient(error):
+                raise
+            events.emit(
+                "heartbeat_failed", process=self.name, error=f"{type(error).__name__}: {error}"
+            )
+            failing_for = time.monotonic() - self._last_beat
+            if failing_for > self.config.process_alive_threshold:
+                self.fence(f"heartbeats have failed for {failing_for:.0f} s")
+            return
+        if not chores:
+            return
+        try:
             prune_under_lease(
                 self.database,
                 holder=self.name,
@@ -148,12 +159,7 @@ class Supervisor(Role):
         except DatabaseError as error:
             if not is_transient(error):
                 raise
-            events.emit(
-                "heartbeat_failed", process=self.name, error=f"{type(error).__name__}: {error}"
-            )
-            failing_for = time.monotonic() - self._last_beat
-            if failing_for > self.config.process_alive_threshold:
-                self.fence(f"heartbeats have failed for {failing_for:.0f} s")
+            events.emit("chore_failed", process=self.name, chore="prune", error=str(error))
 
     # -- children ----------------------------------------------------------------------------
 

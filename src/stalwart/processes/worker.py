@@ -5,6 +5,7 @@ job threads only run tasks. So a task that breaks its own connection cannot brea
 bookkeeping, and outcomes that finish together are written in one statement.
 """
 
+import contextlib
 import time
 from typing import Any
 
@@ -14,17 +15,28 @@ from django.tasks.signals import task_finished
 
 from stalwart import events
 from stalwart.conf import Options, WorkerOptions
+from stalwart.control import paused_queues
 from stalwart.db import ClaimedJob
 from stalwart.db.errors import is_transient
+from stalwart.exceptions import JobTimedOut
 from stalwart.jobs import JobStore
 from stalwart.models import JobStatus
 from stalwart.processes.base import EXIT_CRASHED, EXIT_RECYCLE, Role
 from stalwart.processes.listener import Listener
 from stalwart.processes.pool import JobPool
 from stalwart.processes.registry import prune_under_lease
-from stalwart.processes.runner import Finished, run_job
+from stalwart.processes.runner import Finished, error_for, failure_outcome, run_job
+from stalwart.resolution import resolve_task
 
 PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
+
+
+def task_timeout(task_path: str) -> float | None:
+    """The timeout of the task at ``task_path`` (None: none, or not a task we can resolve)."""
+    try:
+        return getattr(resolve_task(task_path), "timeout", None)
+    except Exception:  # noqa: BLE001 - the runner reports unresolvable tasks
+        return None
 
 
 class Worker(Role):
@@ -56,6 +68,10 @@ class Worker(Role):
         self._listener: Listener | None = None
         self._unwritten: list[Finished] = []
         self._next_promotion = 0.0
+        self._paused: list[str] = []
+        self._next_pause_check = 0.0
+        self.deadlines: dict[Any, tuple[float, float]] = {}  # job id -> (deadline, timeout)
+        self.timed_out: dict[Any, float] = {}  # job id -> its timeout
         from stalwart.backend import StalwartBackend
 
         self._sender = StalwartBackend
@@ -69,6 +85,7 @@ class Worker(Role):
             "threads": self.worker.threads,
             "busy": self.pool.busy,
             "jobs_done": self.jobs_done,
+            "paused": list(self._paused),  # the paused queues this worker is honouring
         }
 
     def _show_state(self) -> None:
@@ -129,10 +146,13 @@ class Worker(Role):
                 interval=self.config.heartbeat_interval,
                 exclude=self.registration.id,
             )
-        if self._recycle_due():
+        if self._recycle_due() or self._check_timeouts():
             self.exit_status = EXIT_RECYCLE
             self.request_stop()
             return None
+        if now >= self._next_pause_check:
+            self._paused = paused_queues(database=self.database)
+            self._next_pause_check = now + self.poll_interval()
         idle = self.pool.idle
         claimed: list[ClaimedJob] = []
         if idle:
@@ -141,11 +161,16 @@ class Worker(Role):
                 worker_name=self.name,
                 selector=self.selector,
                 limit=idle,
+                paused=self._paused,
             )
             if claimed:
                 events.emit("jobs_claimed", process=self.name, count=len(claimed))
+            started = time.monotonic()
             for job in claimed:
                 self.held[job.id] = job
+                timeout = task_timeout(job.task_path)
+                if timeout is not None:
+                    self.deadlines[job.id] = (started + timeout, timeout)
                 self.pool.submit(job)
         self._show_state()
         if self.stop_when_empty and not claimed and not self.held and self._drained():
@@ -164,6 +189,22 @@ class Worker(Role):
             for name in pending.values_list("queue_name", flat=True).distinct()
         )
 
+    def _check_timeouts(self) -> bool:
+        """Note attempts past their timeout; True if this process must now be replaced."""
+        now = time.monotonic()
+        for job_id, (deadline, timeout) in self.deadlines.items():
+            if now > deadline and job_id in self.held and job_id not in self.timed_out:
+                self.timed_out[job_id] = timeout
+                job = self.held[job_id]
+                events.emit(
+                    "job_timed_out",
+                    job=job_id,
+                    task=job.task_path,
+                    timeout=timeout,
+                    process=self.name,
+                )
+        return bool(self.timed_out)
+
     def _recycle_due(self) -> bool:
         return self.worker.max_jobs is not None and self.jobs_done >= self.worker.max_jobs
 
@@ -180,11 +221,19 @@ class Worker(Role):
             return
         self._unwritten = finished  # kept until written, should the write fail
         written = self.store.finish(
-            owner=self.registration.id, outcomes=[item.outcome for item in finished]
+            owner=self.registration.id,
+            outcomes=[item.outcome for item in finished],
+            free_keys=[
+                item.job.concurrency_key
+                for item in finished
+                if item.job.concurrency_key is not None
+            ],
         )
         self._unwritten = []
         for item in finished:
             self.held.pop(item.job.id, None)
+            self.deadlines.pop(item.job.id, None)
+            self.timed_out.pop(item.job.id, None)  # it finished after all: that result stands
             self.jobs_done += 1
             if item.job.id not in written:
                 events.emit(
@@ -207,6 +256,13 @@ class Worker(Role):
         }
         if outcome.status == JobStatus.SUCCESSFUL:
             events.emit("job_succeeded", **fields)
+        elif outcome.status == JobStatus.SCHEDULED:
+            events.emit(
+                "job_retry_scheduled",
+                **fields,
+                error=item.error.exception_class_path if item.error else None,
+                retry_in=item.retry_in,
+            )
         else:
             events.emit(
                 "job_failed",
@@ -218,12 +274,41 @@ class Worker(Role):
             return
         status = JobStatus(outcome.status).task_result_status
         object.__setattr__(result, "status", status)
+        if item.error is not None:
+            result.errors.append(item.error)
+        if outcome.status == JobStatus.SCHEDULED:
+            return  # not finished: another attempt is coming
         object.__setattr__(result, "finished_at", finished_at)
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", item.return_value)
-        elif item.error is not None:
-            result.errors.append(item.error)
         task_finished.send(sender=self._sender, task_result=result)
+
+    def _write_timeouts(self) -> None:
+        """Fail (or retry) the attempts that ran past their timeout: last, just before exit."""
+        stuck = [self.held[job_id] for job_id in self.timed_out if job_id in self.held]
+        if not stuck:
+            return
+        self.abandoned_threads = True  # their threads die with this process, right after this
+        finished = []
+        for job in stuck:
+            exception = JobTimedOut(self.timed_out[job.id], self.name)
+            error = error_for(exception)
+            task = None
+            with contextlib.suppress(Exception):
+                task = resolve_task(job.task_path)
+            outcome, retry_in = failure_outcome(job, task, exception, error)
+            finished.append(
+                Finished(
+                    job=job,
+                    outcome=outcome,
+                    result=None,
+                    duration=0.0,
+                    error=error,
+                    retry_in=retry_in,
+                )
+            )
+        self._unwritten.extend(finished)
+        self.flush()
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -233,7 +318,8 @@ class Worker(Role):
             "process_stopping", process=self.name, running=self.pool.busy, immediate=self.immediate
         )
         deadline = time.monotonic() + self.config.shutdown_timeout
-        while self.pool.busy and not self.immediate:
+        # Threads stuck past their job's timeout will not finish: do not wait for them.
+        while self.pool.busy > len(self.timed_out) and not self.immediate:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -243,6 +329,7 @@ class Worker(Role):
         if self.fenced_reason is None:
             try:
                 self.flush()
+                self._write_timeouts()
             except DatabaseError as error:
                 events.emit("finish_failed", process=self.name, error=str(error))
         if self._listener is not None:

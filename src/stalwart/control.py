@@ -1,0 +1,278 @@
+"""Steering the queue from Python: pause and resume queues, retry and discard failed jobs,
+run scheduled jobs now, prune finished jobs. The ``queue`` command calls these.
+
+Bulk operations work in bounded batches (``batch_size`` rows per statement, each its own
+transaction), so thousands of jobs never hold one long transaction or lock.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+from django.utils import timezone
+
+from stalwart import events
+from stalwart.db import statements_for
+from stalwart.db.retry import retry_transient
+from stalwart.jobs import JobStore
+from stalwart.models import QueuePause
+from stalwart.queues import validate_queue_name
+
+BATCH_SIZE = 1000
+
+
+def _database(backend: str) -> str:
+    return task_backends[backend].config.database
+
+
+# -- pausing ---------------------------------------------------------------------------------
+
+
+def pause(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> bool:
+    """Pause a queue on every host; True if it was running. Running jobs finish."""
+    validate_queue_name(queue_name)
+    _, created = QueuePause.objects.using(_database(backend)).get_or_create(
+        queue_name=queue_name, defaults={"paused_at": timezone.now()}
+    )
+    if created:
+        events.emit("queue_paused", queue=queue_name)
+    return created
+
+
+def resume(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> bool:
+    """Resume a paused queue; True if it was paused."""
+    validate_queue_name(queue_name)
+    deleted, _ = QueuePause.objects.using(_database(backend)).filter(queue_name=queue_name).delete()
+    if deleted:
+        events.emit("queue_resumed", queue=queue_name)
+        JobStore(_database(backend)).wake([queue_name])
+    return bool(deleted)
+
+
+def paused_queues(
+    *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, database: str | None = None
+) -> list[str]:
+    return sorted(
+        QueuePause.objects.using(database or _database(backend)).values_list(
+            "queue_name", flat=True
+        )
+    )
+
+
+# -- failed and scheduled jobs ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which jobs a bulk operation applies to: by id, by task, by queue, or all."""
+
+    ids: Sequence[Any] = ()
+    task_path: str | None = None
+    queue_name: str | None = None
+    everything: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.ids or self.task_path or self.queue_name or self.everything):
+            raise ValueError(
+                "Say which jobs: by id, by task, by queue, or all of them (everything=True)."
+            )
+
+
+def _batches(database: str, work: Any, batch_size: int) -> int:
+    """Run ``work(cursor, limit)`` (one transaction each) until a batch comes back short."""
+    done = 0
+    while True:
+
+        def one_batch() -> Any:
+            with transaction.atomic(using=database), connections[database].cursor() as cursor:
+                return work(cursor, batch_size)
+
+        count = retry_transient(database, one_batch, what="a bulk operation")
+        done += count
+        if count < batch_size:
+            return done
+
+
+def _count(
+    database: str,
+    statuses: Sequence[str],
+    selection: Selection,
+    finished_before: datetime | None = None,
+) -> int:
+    connection = connections[database]
+    statements = statements_for(connection)
+    conditions, params = statements.selection_sql(
+        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
+    )
+    with connection.cursor() as cursor:
+        return statements.count_selected(
+            cursor,
+            statuses=statuses,
+            conditions=conditions,
+            params=params,
+            finished_before=finished_before,
+        )
+
+
+def _requeue(
+    status: str,
+    selection: Selection,
+    *,
+    backend: str,
+    dry_run: bool,
+    batch_size: int,
+    grant_attempt: bool,
+) -> int:
+    database = _database(backend)
+    if dry_run:
+        return _count(database, [status], selection)
+    store = JobStore(database)
+    statements = store.statements
+    conditions, params = statements.selection_sql(
+        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
+    )
+
+    def batch(cursor: Any, limit: int) -> int:
+        moved = statements.requeue_batch(
+            cursor,
+            status=status,
+            conditions=conditions,
+            params=params,
+            limit=limit,
+            grant_attempt=grant_attempt,
+        )
+        for key in sorted({key for _, key in moved if key is not None}):
+            statements.unblock(cursor, key=key, notify=store.notify)
+        queues = sorted({queue for queue, key in moved if key is None})
+        if queues and store.notify:
+            statements.notify(cursor, queues)
+        return len(moved)
+
+    return _batches(database, batch, batch_size)
+
+
+def retry_failed(
+    selection: Selection,
+    *,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+) -> int:
+    """Give failed jobs another attempt (their errors are kept); return how many."""
+    count = _requeue(
+        "failed",
+        selection,
+        backend=backend,
+        dry_run=dry_run,
+        batch_size=batch_size,
+        grant_attempt=True,
+    )
+    if not dry_run:
+        events.emit("jobs_retried", count=count)
+    return count
+
+
+def run_now(
+    selection: Selection,
+    *,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+) -> int:
+    """Make scheduled jobs claimable now instead of at their time; return how many."""
+    return _requeue(
+        "scheduled",
+        selection,
+        backend=backend,
+        dry_run=dry_run,
+        batch_size=batch_size,
+        grant_attempt=False,
+    )
+
+
+def discard_failed(
+    selection: Selection,
+    *,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+) -> int:
+    """Delete failed jobs (``get_result`` then raises ``TaskResultDoesNotExist``)."""
+    database = _database(backend)
+    if dry_run:
+        return _count(database, ["failed"], selection)
+    statements = statements_for(connections[database])
+    conditions, params = statements.selection_sql(
+        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
+    )
+    count = _batches(
+        database,
+        lambda cursor, limit: statements.delete_batch(
+            cursor, statuses=["failed"], conditions=conditions, params=params, limit=limit
+        ),
+        batch_size,
+    )
+    events.emit("jobs_discarded", count=count)
+    return count
+
+
+# -- retention -------------------------------------------------------------------------------
+
+
+def prune_finished(
+    *,
+    older_than: timedelta,
+    statuses: Sequence[str] = ("successful", "failed"),
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    database: str | None = None,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+) -> int:
+    """Delete jobs finished more than ``older_than`` ago, in batches; return how many."""
+    database = database or _database(backend)
+    before = timezone.now() - older_than
+    everything = Selection(everything=True)
+    if dry_run:
+        return _count(database, statuses, everything, finished_before=before)
+    statements = statements_for(connections[database])
+    count = _batches(
+        database,
+        lambda cursor, limit: statements.delete_batch(
+            cursor,
+            statuses=list(statuses),
+            conditions="",
+            params=[],
+            limit=limit,
+            finished_before=before,
+        ),
+        batch_size,
+    )
+    if count:
+        events.emit(
+            "jobs_pruned",
+            count=count,
+            statuses=",".join(statuses),
+            older_than=older_than.total_seconds(),
+        )
+    return count
+
+
+def delete_expired_jobs(config: Any, *, batch_size: int = BATCH_SIZE) -> int:
+    """Apply ``OPTIONS['retention']``: delete expired finished jobs and old recurring ticks."""
+    deleted = 0
+    for status, keep in (("successful", config.keep_successful), ("failed", config.keep_failed)):
+        if keep is not None:
+            deleted += prune_finished(
+                older_than=keep, statuses=[status], database=config.database, batch_size=batch_size
+            )
+    longest = max(
+        (keep for keep in (config.keep_successful, config.keep_failed) if keep), default=None
+    )
+    if longest is not None:
+        connection = connections[config.database]
+        with connection.cursor() as cursor:
+            statements_for(connection).delete_old_ticks(cursor, before=timezone.now() - longest)
+    return deleted

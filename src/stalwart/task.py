@@ -1,0 +1,231 @@
+"""Per-task options: retries, timeout, concurrency limit, uniqueness.
+
+``StalwartBackend.task_class`` is ``StalwartTask``, so on Django 6.1 the options go straight
+into ``@task(...)``::
+
+    @task(max_attempts=5, retry_on=(ConnectionError,), timeout=60)
+    def sync_account(account_id): ...
+
+Django 6.0's ``@task`` accepts no extra options; ``stalwart.task`` takes the same arguments
+and works on both. Unknown options fail at import (``TypeError`` naming the option); invalid
+values fail with ``InvalidTask`` naming the option and the task.
+"""
+
+import hashlib
+import inspect
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task, task_backends
+from django.tasks.base import DEFAULT_TASK_PRIORITY
+from django.tasks.exceptions import InvalidTask
+
+from stalwart.serialization import dumps, normalize
+
+
+@dataclass(frozen=True, slots=True)
+class Exponential:
+    """Wait ``base * 2**(n-1)`` seconds after the n-th failure, at most ``maximum``, ±50%."""
+
+    base: float = 1.0
+    maximum: float = 3600.0
+    jitter: bool = True
+
+    def __call__(self, failures: int) -> float:
+        delay = min(self.base * 2 ** max(failures - 1, 0), self.maximum)
+        return delay * random.uniform(0.5, 1.5) if self.jitter else delay  # noqa: S311
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """Wait the same ``seconds`` after every failure."""
+
+    seconds: float
+
+    def __call__(self, failures: int) -> float:
+        return self.seconds
+
+
+def _is_exception_class(value: Any) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseException)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StalwartTask(Task):
+    """A ``django.tasks.Task`` with Stalwart's options. All default to "off"."""
+
+    # Retries: with max_attempts set, exceptions matching retry_on are retried after
+    # backoff(failures) seconds until max_attempts attempts have failed. A worker that dies
+    # while running the job counts as a failed attempt too.
+    max_attempts: int | None = None
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception
+    backoff: Callable[[int], float] | float = Exponential()
+    # Timeout: an attempt running longer fails (or is retried) with JobTimedOut.
+    timeout: float | None = None
+    # Concurrency: at most concurrency_limit jobs with one key are ready or running at once.
+    concurrency_limit: int | None = None
+    concurrency_key: str | Callable[..., Any] | None = None
+    concurrency_group: str | None = None
+    # Uniqueness: enqueueing a job equal to one still waiting returns the waiting one.
+    unique: bool | str | Callable[..., Any] = False
+    unique_while_running: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_options()
+        Task.__post_init__(self)
+
+    def _fail(self, option: str, problem: str) -> InvalidTask:
+        name = f"{self.func.__module__}.{self.func.__qualname__}"
+        return InvalidTask(f"Task {name!r}: option {option!r} {problem}.")
+
+    def _check_options(self) -> None:
+        if self.max_attempts is not None and (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or not 1 <= self.max_attempts <= 1000
+        ):
+            raise self._fail(
+                "max_attempts", f"must be a whole number from 1 to 1000, not {self.max_attempts!r}"
+            )
+        retry_on = self.retry_on if isinstance(self.retry_on, tuple) else (self.retry_on,)
+        if not retry_on or not all(_is_exception_class(kind) for kind in retry_on):
+            raise self._fail(
+                "retry_on", f"must be an exception class or a tuple of them, not {self.retry_on!r}"
+            )
+        if isinstance(self.backoff, bool) or not (
+            callable(self.backoff) or isinstance(self.backoff, int | float)
+        ):
+            raise self._fail(
+                "backoff",
+                f"must be seconds or a callable taking the number of "
+                f"failures, not {self.backoff!r}",
+            )
+        if isinstance(self.backoff, int | float) and self.backoff < 0:
+            raise self._fail("backoff", f"must not be negative, not {self.backoff!r}")
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or self.timeout <= 0
+        ):
+            raise self._fail(
+                "timeout", f"must be a positive number of seconds, not {self.timeout!r}"
+            )
+        if self.concurrency_limit is not None and (
+            isinstance(self.concurrency_limit, bool)
+            or not isinstance(self.concurrency_limit, int)
+            or self.concurrency_limit < 1
+        ):
+            raise self._fail(
+                "concurrency_limit",
+                f"must be a whole number of at least 1, not {self.concurrency_limit!r}",
+            )
+        if self.concurrency_limit is None and (self.concurrency_key or self.concurrency_group):
+            raise self._fail("concurrency_key", "needs concurrency_limit as well")
+        if self.concurrency_key is not None and not (
+            isinstance(self.concurrency_key, str) or callable(self.concurrency_key)
+        ):
+            raise self._fail(
+                "concurrency_key",
+                f"must be a format string or a callable, not {self.concurrency_key!r}",
+            )
+        if not isinstance(self.unique, bool | str) and not callable(self.unique):
+            raise self._fail(
+                "unique", f"must be True, a format string or a callable, not {self.unique!r}"
+            )
+        if self.unique_while_running and not self.unique:
+            raise self._fail("unique_while_running", "needs unique as well")
+
+    # -- what the worker and the backend ask of a task ----------------------------------------
+
+    def should_retry(self, exception: BaseException) -> bool:
+        retry_on = self.retry_on if isinstance(self.retry_on, tuple) else (self.retry_on,)
+        return self.max_attempts is not None and isinstance(exception, retry_on)
+
+    def retry_delay(self, failures: int) -> float:
+        if isinstance(self.backoff, int | float):
+            return float(self.backoff)
+        return max(float(self.backoff(failures)), 0.0)
+
+    def concurrency_key_for(self, args: list, kwargs: dict) -> str | None:
+        """The key whose slots this call's job needs, or None without a limit."""
+        if self.concurrency_limit is None:
+            return None
+        group = self.concurrency_group or self.module_path
+        if self.concurrency_key is None:
+            return group
+        value = _apply(self.concurrency_key, args, kwargs, self, "concurrency_key")
+        return f"{group}:{value}"
+
+    def unique_key_for(self, args: list, kwargs: dict) -> str | None:
+        """The key that makes two calls the same job, or None when not unique."""
+        if not self.unique:
+            return None
+        if self.unique is True:
+            material = dumps([self.module_path, args, kwargs])
+        else:
+            material = f"{self.module_path}:{_apply(self.unique, args, kwargs, self, 'unique')}"
+        return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _named_arguments(task: StalwartTask, args: list, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults included (the context left out)."""
+    signature = inspect.signature(task.func)
+    leading = [None] if task.takes_context else []
+    bound = signature.bind_partial(*leading, *args, **kwargs)
+    bound.apply_defaults()
+    named = dict(bound.arguments)
+    if task.takes_context:
+        named.pop(next(iter(signature.parameters)), None)
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(named.pop(parameter.name, {}))
+    return named
+
+
+def _apply(spec: Any, args: list, kwargs: dict, task: StalwartTask, option: str) -> str:
+    """Compute a key: a format string sees the arguments by name (and position); a callable
+    is called with the call's own arguments."""
+    try:
+        if isinstance(spec, str):
+            value = spec.format(*args, **_named_arguments(task, args, kwargs))
+        else:
+            value = spec(*args, **kwargs)
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError) as error:
+        raise task._fail(option, f"could not be computed for this call: {error!r}") from None
+    if not isinstance(value, str):
+        value = json.dumps(normalize(value, option), sort_keys=True)
+    return value
+
+
+def task(
+    function: Callable | None = None,
+    *,
+    priority: int = DEFAULT_TASK_PRIORITY,
+    queue_name: str = DEFAULT_TASK_QUEUE_NAME,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """Like ``django.tasks.task``, with Stalwart's options, on Django 6.0 and 6.1 alike."""
+    if "run_after" in options:
+        raise TypeError(
+            "run_after cannot be defined statically with the @task decorator. "
+            "Use .using(run_after=...) to set it dynamically."
+        )
+
+    def wrapper(func: Callable) -> Task:
+        task_class = task_backends[backend].task_class
+        return task_class(
+            func=func,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            run_after=None,
+            **options,
+        )
+
+    return wrapper(function) if function else wrapper
