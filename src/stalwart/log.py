@@ -25,6 +25,7 @@ _LEVELS = {
     "jobs_promoted": logging.DEBUG,
     "recurring_enqueued": logging.INFO,
     "job_timed_out": logging.ERROR,
+    "worker_recycling": logging.INFO,
     "job_deduplicated": logging.DEBUG,
     "queue_paused": logging.INFO,
     "queue_resumed": logging.INFO,

@@ -157,3 +157,26 @@ def unique_report(day: str) -> str:
 @stalwart.task(unique="{account}", unique_while_running=True)
 def sync_account(account: int, full: bool = False) -> None:
     return None
+
+
+_hoard: list[bytes] = []
+
+
+@task(takes_context=True)
+def hog(context: TaskContext, megabytes: int, sleep: float = 0.0) -> int:
+    """Keeps what it allocates, as a leaking task would: its worker's memory only grows."""
+    _hoard.append(os.urandom(megabytes * 1024 * 1024))
+    time.sleep(sleep)
+    Execution.objects.create(
+        job_id=context.task_result.id,
+        label="hog",
+        pid=os.getpid(),
+        started_at=timezone.now(),
+        finished_at=timezone.now(),
+    )
+    return os.getpid()
+
+
+@task
+def shout_secret(secret: str) -> None:
+    raise RuntimeError("the task failed")

@@ -95,13 +95,16 @@ class Role:
 
     # -- reporting ---------------------------------------------------------------------------
 
+    def resident_memory(self) -> int:
+        """Bytes of memory this process holds (RSS), 0 if it cannot be read."""
+        try:
+            return self._psutil.memory_info().rss
+        except psutil.Error:
+            return 0
+
     def metadata(self) -> dict[str, Any]:
         """What the process table shows about us (refreshed at every heartbeat)."""
-        try:
-            rss = self._psutil.memory_info().rss
-        except psutil.Error:
-            rss = None
-        return {"rss_bytes": rss}
+        return {"rss_bytes": self.resident_memory() or None}
 
     def set_title(self, state: str) -> None:
         title = f"stalwart {self.kind} {state}".rstrip()

@@ -29,6 +29,7 @@ from stalwart.processes.runner import Finished, error_for, failure_outcome, run_
 from stalwart.resolution import resolve_task
 
 PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
+MEMORY_CHECK_INTERVAL = 1.0  # seconds between looks at the resident memory
 
 
 def task_timeout(task_path: str) -> float | None:
@@ -69,6 +70,7 @@ class Worker(Role):
         self._unwritten: list[Finished] = []
         self._next_promotion = 0.0
         self._paused: list[str] = []
+        self._next_memory_check = 0.0
         self._next_pause_check = 0.0
         self.deadlines: dict[Any, tuple[float, float]] = {}  # job id -> (deadline, timeout)
         self.timed_out: dict[Any, float] = {}  # job id -> its timeout
@@ -206,7 +208,28 @@ class Worker(Role):
         return bool(self.timed_out)
 
     def _recycle_due(self) -> bool:
-        return self.worker.max_jobs is not None and self.jobs_done >= self.worker.max_jobs
+        """Past the job-count or memory limit: finish what runs, then be replaced."""
+        if self.worker.max_jobs is not None and self.jobs_done >= self.worker.max_jobs:
+            events.emit(
+                "worker_recycling", process=self.name, reason="max_jobs", jobs_done=self.jobs_done
+            )
+            return True
+        limit = self.worker.max_memory_mb
+        now = time.monotonic()
+        if limit is None or now < self._next_memory_check:
+            return False
+        self._next_memory_check = now + MEMORY_CHECK_INTERVAL
+        rss_mb = self.resident_memory() / 1024 / 1024
+        if rss_mb > limit:
+            events.emit(
+                "worker_recycling",
+                process=self.name,
+                reason="max_memory_mb",
+                rss_mb=round(rss_mb),
+                limit_mb=limit,
+            )
+            return True
+        return False
 
     def _run_job(self, job: ClaimedJob) -> Finished:
         events.emit("job_started", job=job.id, task=job.task_path, attempt=job.attempt)

@@ -1,0 +1,124 @@
+"""``python manage.py queue <subcommand>``: the command-line interface.
+
+The management command is a thin shell over this module. Each subcommand registers its
+arguments and its handler here; handlers return an exit status.
+"""
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.management.base import CommandError
+from django.db import DatabaseError
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+
+# Django's own flags, accepted after the subcommand too (``queue work -v 2``).
+_DJANGO_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("-v", "--verbosity"), {"type": int, "choices": [0, 1, 2, 3]}),
+    (("--settings",), {}),
+    (("--pythonpath",), {}),
+    (("--traceback",), {"action": "store_true"}),
+    (("--no-color",), {"action": "store_true"}),
+    (("--force-color",), {"action": "store_true"}),
+    (("--skip-checks",), {"action": "store_true"}),
+]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    handle: Callable[[Any, dict[str, Any]], int]
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def subcommand(name: str, help: str, arguments: Callable[[argparse.ArgumentParser], None]):
+    def register(handle: Callable[[Any, dict[str, Any]], int]) -> Callable:
+        SUBCOMMANDS[name] = Subcommand(name, help, arguments, handle)
+        return handle
+
+    return register
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    for command in SUBCOMMANDS.values():
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        sub.add_argument(
+            "--backend",
+            default=DEFAULT_TASK_BACKEND_ALIAS,
+            help="The TASKS alias of the Stalwart backend (default: %(default)s).",
+        )
+        command.add_arguments(sub)
+        for flags, kwargs in _DJANGO_FLAGS:
+            sub.add_argument(*flags, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+
+def run(command: Any, options: dict[str, Any]) -> int:
+    try:
+        return SUBCOMMANDS[options["subcommand"]].handle(command, options)
+    except DatabaseError as error:
+        if options.get("traceback"):
+            raise
+        hint = ""
+        text = str(error).lower()
+        if "no such table" in text or "does not exist" in text:
+            hint = " Are Stalwart's tables there? Run 'python manage.py migrate'."
+        raise CommandError(f"The database said: {str(error).strip()}.{hint}") from None
+
+
+def get_backend(alias: str) -> Any:
+    from stalwart.backend import StalwartBackend
+
+    try:
+        backend = task_backends[alias]
+    except Exception as error:  # noqa: BLE001 - InvalidTaskBackend, ConfigurationError, ...
+        raise CommandError(f"TASKS[{alias!r}] cannot be loaded: {error}") from None
+    if not isinstance(backend, StalwartBackend):
+        raise CommandError(
+            f"TASKS[{alias!r}] uses {type(backend).__qualname__}, not "
+            "stalwart.backend.StalwartBackend."
+        )
+    return backend
+
+
+def configure_logging(verbosity: int) -> None:
+    """Show Stalwart's log lines on stderr unless the project configured them already."""
+    logger = logging.getLogger("stalwart")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel({0: logging.ERROR, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+def end_process(status: int, *, abandon_threads: bool) -> int:
+    """Return ``status``; but if job threads are still running, end the process right now."""
+    if abandon_threads:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """A plain text table: columns padded to their widest cell."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = [header, *rows]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+# The subcommands register themselves on import, in the order --help lists them.
+from stalwart.cli import running, inspection, steering, enqueueing  # noqa: E402, F401, I001

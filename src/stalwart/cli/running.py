@@ -1,0 +1,230 @@
+"""Running the queue: ``work`` (one worker process) and ``supervise``."""
+
+import argparse
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from stalwart.cli import configure_logging, end_process, get_backend, subcommand
+from stalwart.cli.types import (
+    non_negative_int,
+    poll_seconds,
+    positive_int,
+    queue_list,
+    seconds,
+    whole,
+)
+from stalwart.exceptions import ConfigurationError
+
+# -- work ------------------------------------------------------------------------------------
+
+
+def _work_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queues",
+        type=queue_list,
+        help="Queues to claim from, in order: names, 'prefix*', '*' for all, '!name' to "
+        "exclude (default: the first worker entry of OPTIONS['workers'], else '*').",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        help="Jobs run at once, 1 to 1000 (default: OPTIONS['workers'][0]['threads'], else 5).",
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=poll_seconds,
+        help="Seconds between polls when idle (default: OPTIONS['workers'][0]['poll_interval'], "
+        "else 1 with PostgreSQL LISTEN/NOTIFY and 0.2 otherwise).",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=seconds,
+        help="Seconds running jobs get to finish after TERM/INT before they are released "
+        "(default: OPTIONS['shutdown_timeout'], else 30).",
+    )
+    _recycling_arguments(parser)
+    parser.add_argument(
+        "--stop-when-empty",
+        action="store_true",
+        help="Exit once no job is ready or scheduled in these queues and this worker runs none.",
+    )
+
+
+@subcommand(
+    "work", "Run one worker process: claim and run jobs until TERM or INT.", _work_arguments
+)
+def work(command: Any, options: dict[str, Any]) -> int:
+    from dataclasses import replace
+
+    from stalwart.processes.worker import Worker
+
+    backend = get_backend(options["backend"])
+    configure_logging(options.get("verbosity", 1))
+    config = backend.config
+    if options.get("shutdown_timeout") is not None:
+        config = replace(config, shutdown_timeout=options["shutdown_timeout"])
+    try:
+        worker_options = config.worker(
+            queues=options.get("queues"),
+            threads=options.get("threads"),
+            poll_interval=options.get("poll_interval"),
+            max_jobs=options.get("max_jobs"),
+            max_memory_mb=options.get("max_memory_mb"),
+        )
+    except ConfigurationError as error:
+        raise CommandError(str(error)) from None
+    worker = Worker(
+        config=config,
+        worker=worker_options,
+        promote_scheduled=True,
+        prune_dead=True,
+        stop_when_empty=options.get("stop_when_empty", False),
+    )
+    try:
+        status = worker.run()
+    except BaseException:
+        if worker.abandoned_threads:
+            # Jobs were released while their threads still run: end now, not at interpreter
+            # shutdown, so they never run here and elsewhere at once.
+            import traceback
+
+            traceback.print_exc()
+            end_process(1, abandon_threads=True)
+        raise
+    return end_process(status, abandon_threads=worker.abandoned_threads)
+
+
+# -- supervise -------------------------------------------------------------------------------
+
+
+def _supervise_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queues",
+        type=queue_list,
+        help="Run one kind of worker, claiming from these queues (overrides OPTIONS['workers']).",
+    )
+    parser.add_argument("--threads", type=positive_int, help="Threads per worker process.")
+    parser.add_argument("--processes", type=positive_int, help="Worker processes to fork.")
+    _recycling_arguments(parser)
+    parser.add_argument(
+        "--dispatchers",
+        type=non_negative_int,
+        help="Dispatcher processes to fork (default: one per OPTIONS['dispatchers'] entry; "
+        "that setting defaults to one entry). With 0, workers make due jobs ready themselves.",
+    )
+    parser.add_argument(
+        "--no-scheduler", action="store_true", help="Do not fork the scheduler process."
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=seconds,
+        help="Seconds running jobs get to finish after TERM/INT before they are released "
+        "(default: OPTIONS['shutdown_timeout'], else 30).",
+    )
+
+
+def _recycling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-jobs",
+        type=whole(1, 10**12),
+        metavar="N",
+        help="Replace a worker process after it has run N jobs (supervise) or exit with "
+        "status 4 (work). Default: OPTIONS['workers'][0]['max_jobs'], else no limit.",
+    )
+    parser.add_argument(
+        "--max-memory-mb",
+        type=whole(1, 10**7),
+        metavar="MB",
+        help="The same once a worker's resident memory exceeds MB megabytes. Default: "
+        "OPTIONS['workers'][0]['max_memory_mb'], else no limit.",
+    )
+
+
+def build_slots(config: Any) -> list:
+    """The children a supervisor with this configuration forks."""
+    from stalwart.processes.dispatcher import Dispatcher
+    from stalwart.processes.scheduler import Scheduler
+    from stalwart.processes.supervisor import ChildSlot
+    from stalwart.processes.worker import Worker
+
+    slots = []
+    # Without a dispatcher, workers make due jobs ready themselves.
+    workers_promote = not config.dispatchers
+    for worker_options in config.workers:
+        for _ in range(worker_options.processes):
+            slots.append(
+                ChildSlot(
+                    "worker",
+                    len(slots),
+                    lambda supervisor, parent, w=worker_options: Worker(
+                        config=config,
+                        worker=w,
+                        supervisor=supervisor,
+                        parent_pid=parent,
+                        promote_scheduled=workers_promote,
+                    ),
+                )
+            )
+    for dispatcher_options in config.dispatchers:
+        slots.append(
+            ChildSlot(
+                "dispatcher",
+                len(slots),
+                lambda supervisor, parent, d=dispatcher_options: Dispatcher(
+                    config=config, dispatcher=d, supervisor=supervisor, parent_pid=parent
+                ),
+            )
+        )
+    if config.scheduler is not None:
+        slots.append(
+            ChildSlot(
+                "scheduler",
+                len(slots),
+                lambda supervisor, parent: Scheduler(
+                    config=config,
+                    scheduler=config.scheduler,
+                    supervisor=supervisor,
+                    parent_pid=parent,
+                ),
+            )
+        )
+    return slots
+
+
+def supervised_config(config: Any, options: dict[str, Any]) -> Any:
+    """The configuration with command-line overrides applied."""
+    from dataclasses import replace
+
+    from stalwart.conf import DispatcherOptions
+
+    changes: dict[str, Any] = {}
+    if options.get("shutdown_timeout") is not None:
+        changes["shutdown_timeout"] = options["shutdown_timeout"]
+    worker_overrides = {
+        key: options.get(key)
+        for key in ("queues", "threads", "processes", "max_jobs", "max_memory_mb")
+        if options.get(key) is not None
+    }
+    if worker_overrides:
+        changes["workers"] = (config.worker(**worker_overrides),)
+    if options.get("dispatchers") is not None:
+        base = config.dispatchers[0] if config.dispatchers else DispatcherOptions()
+        changes["dispatchers"] = (base,) * options["dispatchers"]
+    if options.get("no_scheduler"):
+        changes["scheduler"] = None
+    return replace(config, **changes)
+
+
+@subcommand(
+    "supervise",
+    "Run the supervisor: fork workers, dispatchers and the scheduler, and keep them running.",
+    _supervise_arguments,
+)
+def supervise(command: Any, options: dict[str, Any]) -> int:
+    from stalwart.processes.supervisor import Supervisor
+
+    backend = get_backend(options["backend"])
+    configure_logging(options.get("verbosity", 1))
+    config = supervised_config(backend.config, options)
+    return Supervisor(config=config, slots=build_slots(config)).run()

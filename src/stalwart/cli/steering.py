@@ -1,0 +1,182 @@
+"""Steering the queue: ``pause``, ``resume``, ``retry``, ``discard``, ``run-now``, ``prune``."""
+
+import argparse
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from stalwart.cli import get_backend, subcommand
+from stalwart.cli.types import job_id, parse_duration, queue_name, whole
+
+# -- queue control: pause, resume ------------------------------------------------------------
+
+
+def _queue_name_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("queue_name", metavar="QUEUE", type=queue_name, help="The queue.")
+
+
+@subcommand(
+    "pause", "Stop every worker, on every host, claiming from a queue.", _queue_name_argument
+)
+def pause(command: Any, options: dict[str, Any]) -> int:
+    from stalwart import control
+
+    get_backend(options["backend"])
+    if control.pause(options["queue_name"], backend=options["backend"]):
+        command.stdout.write(f"Paused {options['queue_name']!r}; running jobs will finish.")
+    else:
+        command.stdout.write(f"{options['queue_name']!r} was already paused.")
+    return 0
+
+
+@subcommand("resume", "Let workers claim from a paused queue again.", _queue_name_argument)
+def resume(command: Any, options: dict[str, Any]) -> int:
+    from stalwart import control
+
+    get_backend(options["backend"])
+    if control.resume(options["queue_name"], backend=options["backend"]):
+        command.stdout.write(f"Resumed {options['queue_name']!r}.")
+    else:
+        command.stdout.write(f"{options['queue_name']!r} was not paused.")
+    return 0
+
+
+# -- failed and scheduled jobs: retry, discard, run-now --------------------------------------
+
+
+def _selection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "ids", metavar="JOB_ID", nargs="*", type=job_id, help="Jobs by id (the TaskResult id)."
+    )
+    parser.add_argument("--task", metavar="PATH", help="Jobs of this task (dotted path).")
+    parser.add_argument("--queue", metavar="QUEUE", type=queue_name, help="Jobs of this queue.")
+    parser.add_argument("--all", action="store_true", help="Every job in that state.")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="Count what would be done; change nothing."
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=whole(1, 100_000),
+        default=1000,
+        help="Jobs per statement (default: %(default)s).",
+    )
+
+
+def _selection(options: dict[str, Any]) -> Any:
+    from stalwart.control import Selection
+
+    if not (options["ids"] or options["task"] or options["queue"] or options["all"]):
+        raise CommandError("Say which jobs: JOB_ID ..., --task PATH, --queue QUEUE or --all.")
+    return Selection(
+        ids=options["ids"],
+        task_path=options["task"],
+        queue_name=options["queue"],
+        everything=options["all"],
+    )
+
+
+def _report_count(command: Any, options: dict[str, Any], done: int, verb: str, noun: str) -> None:
+    jobs = "job" if done == 1 else "jobs"
+    if options["dry_run"]:
+        command.stdout.write(f"Would {verb} {done} {noun} {jobs} (dry run: nothing changed).")
+    else:
+        past = {"retry": "Retried", "discard": "Discarded", "run now": "Made ready"}[verb]
+        command.stdout.write(f"{past} {done} {noun} {jobs}.")
+
+
+@subcommand(
+    "retry", "Give failed jobs another attempt (their errors are kept).", _selection_arguments
+)
+def retry(command: Any, options: dict[str, Any]) -> int:
+    from stalwart import control
+
+    get_backend(options["backend"])
+    done = control.retry_failed(
+        _selection(options),
+        backend=options["backend"],
+        dry_run=options["dry_run"],
+        batch_size=options["batch_size"],
+    )
+    _report_count(command, options, done, "retry", "failed")
+    return 0
+
+
+@subcommand("discard", "Delete failed jobs.", _selection_arguments)
+def discard(command: Any, options: dict[str, Any]) -> int:
+    from stalwart import control
+
+    get_backend(options["backend"])
+    done = control.discard_failed(
+        _selection(options),
+        backend=options["backend"],
+        dry_run=options["dry_run"],
+        batch_size=options["batch_size"],
+    )
+    _report_count(command, options, done, "discard", "failed")
+    return 0
+
+
+@subcommand(
+    "run-now", "Make scheduled jobs claimable now instead of at their time.", _selection_arguments
+)
+def run_now(command: Any, options: dict[str, Any]) -> int:
+    from stalwart import control
+
+    get_backend(options["backend"])
+    done = control.run_now(
+        _selection(options),
+        backend=options["backend"],
+        dry_run=options["dry_run"],
+        batch_size=options["batch_size"],
+    )
+    _report_count(command, options, done, "run now", "scheduled")
+    return 0
+
+
+# -- prune -----------------------------------------------------------------------------------
+
+
+def _prune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--older-than",
+        type=parse_duration,
+        required=True,
+        metavar="DURATION",
+        help="Delete jobs finished longer ago than this (90s, 15m, 12h, 7d).",
+    )
+    parser.add_argument(
+        "--status",
+        choices=["successful", "failed", "all"],
+        default="all",
+        help="Which finished jobs (default: %(default)s).",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=whole(1, 100_000),
+        default=1000,
+        help="Jobs per statement (default: %(default)s).",
+    )
+
+
+@subcommand("prune", "Delete finished jobs older than a given age, in batches.", _prune_arguments)
+def prune(command: Any, options: dict[str, Any]) -> int:
+    from stalwart import control
+
+    get_backend(options["backend"])
+    statuses = ["successful", "failed"] if options["status"] == "all" else [options["status"]]
+    done = control.prune_finished(
+        older_than=options["older_than"],
+        statuses=statuses,
+        backend=options["backend"],
+        dry_run=options["dry_run"],
+        batch_size=options["batch_size"],
+    )
+    jobs = "job" if done == 1 else "jobs"
+    if options["dry_run"]:
+        command.stdout.write(f"Would delete {done} finished {jobs} (dry run: nothing changed).")
+    else:
+        command.stdout.write(f"Deleted {done} finished {jobs}.")
+    return 0

@@ -1,0 +1,89 @@
+"""``queue check``: is everything in place to run, without starting anything?
+
+Each problem is one sentence naming what is wrong and where: the setting, the database, the
+migration, the recurring entry.
+"""
+
+from typing import Any
+
+from django.core import checks
+from django.db import DatabaseError, connections
+from django.db.migrations.executor import MigrationExecutor
+
+from stalwart.ticks import check_entry
+
+MIN_POSTGRESQL = (12, 0)  # MATERIALIZED common table expressions
+MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
+
+
+def database_problems(alias: str) -> list[str]:
+    """Can we reach the database, is it a version we support, are our tables migrated?"""
+    connection = connections[alias]
+    where = f"DATABASES[{alias!r}]"
+    try:
+        connection.ensure_connection()
+    except DatabaseError as error:
+        return [f"{where} cannot be reached: {str(error).strip()}"]
+    problems = []
+    if connection.vendor == "postgresql":
+        version = divmod(connection.pg_version, 10000)
+        if version < MIN_POSTGRESQL:
+            problems.append(
+                f"{where} is PostgreSQL {version[0]}; Stalwart needs 12 or newer "
+                "(for FOR UPDATE SKIP LOCKED inside a MATERIALIZED common table expression)."
+            )
+    elif connection.vendor == "sqlite":
+        import sqlite3
+
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            problems.append(
+                f"{where} is SQLite {sqlite3.sqlite_version}; Stalwart needs 3.35 or newer "
+                "(for UPDATE ... RETURNING)."
+            )
+    else:
+        problems.append(f"{where} is {connection.vendor}; Stalwart supports PostgreSQL and SQLite.")
+        return problems
+    executor = MigrationExecutor(connection)
+    targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "stalwart"]
+    pending = executor.migration_plan(targets)
+    if pending:
+        names = ", ".join(f"{migration.app_label}.{migration.name}" for migration, _ in pending)
+        problems.append(f"{where} lacks migrations: {names}. Run 'python manage.py migrate'.")
+    return problems
+
+
+def recurring_problems(backend: Any) -> list[str]:
+    where = f"TASKS[{backend.alias!r}]['OPTIONS']['recurring']"
+    return [
+        f"{where}{problem_entry(problem)}"
+        for entry in backend.config.recurring
+        if (problem := check_entry(entry, backend.alias)) is not None
+    ]
+
+
+def problem_entry(problem: str) -> str:
+    key, _, reason = problem.partition(": ")
+    return f"[{key!r}]: {reason}"
+
+
+def system_check_problems() -> list[str]:
+    """Django's system checks (ours included): errors count, warnings are shown apart."""
+    return [
+        f"{message.id}: {message.msg}" + (f" ({message.hint})" if message.hint else "")
+        for message in checks.run_checks(include_deployment_checks=False)
+        if message.is_serious()
+    ]
+
+
+def system_check_warnings() -> list[str]:
+    return [
+        f"{message.id}: {message.msg}" + (f" ({message.hint})" if message.hint else "")
+        for message in checks.run_checks(include_deployment_checks=False)
+        if not message.is_serious() and not message.is_silenced()
+    ]
+
+
+def all_problems(backend: Any) -> list[str]:
+    """Django's system checks (which include ours: settings, recurring entries), then the
+    database itself."""
+    return system_check_problems() + database_problems(backend.config.database)
