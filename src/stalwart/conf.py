@@ -179,13 +179,19 @@ def _read_retention(reader: "_Reader", status: str, default: timedelta) -> timed
             f"{where}[{unknown[0]!r}] is not a Stalwart setting (known: 'failed', 'successful')."
         )
     value = values.get(status, default)
-    if value is None or isinstance(value, timedelta):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 <= seconds <= 100 * 365 * 86400
+    ):
         raise ConfigurationError(
-            f"{where}[{status!r}] must be seconds, a timedelta or None, not {value!r}."
+            f"{where}[{status!r}] must be seconds (0 to 100 years), a timedelta or None, "
+            f"not {value!r}."
         )
-    return timedelta(seconds=value)
+    return timedelta(seconds=seconds)
 
 
 def read_options(alias: str, params: Mapping[str, Any]) -> Options:

@@ -81,6 +81,11 @@ class Selection:
             )
 
 
+def _check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number of at least 1, not {batch_size!r}.")
+
+
 def _batches(database: str, work: Any, batch_size: int) -> int:
     """Run ``work(cursor, limit)`` (one transaction each) until a batch comes back short."""
     done = 0
@@ -127,13 +132,17 @@ def _requeue(
     grant_attempt: bool,
 ) -> int:
     database = _database(backend)
-    if dry_run:
-        return _count(database, [status], selection)
+    _check_batch_size(batch_size)
     store = JobStore(database)
     statements = store.statements
     conditions, params = statements.selection_sql(
         ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
     )
+    if dry_run:
+        with store.connection.cursor() as cursor:
+            return statements.count_requeueable(
+                cursor, status=status, conditions=conditions, params=params
+            )
 
     def batch(cursor: Any, limit: int) -> int:
         moved = statements.requeue_batch(
@@ -170,7 +179,7 @@ def retry_failed(
         batch_size=batch_size,
         grant_attempt=True,
     )
-    if not dry_run:
+    if count and not dry_run:
         events.emit("jobs_retried", count=count)
     return count
 
@@ -202,6 +211,7 @@ def discard_failed(
 ) -> int:
     """Delete failed jobs (``get_result`` then raises ``TaskResultDoesNotExist``)."""
     database = _database(backend)
+    _check_batch_size(batch_size)
     if dry_run:
         return _count(database, ["failed"], selection)
     statements = statements_for(connections[database])
@@ -215,7 +225,8 @@ def discard_failed(
         ),
         batch_size,
     )
-    events.emit("jobs_discarded", count=count)
+    if count:
+        events.emit("jobs_discarded", count=count)
     return count
 
 
@@ -233,6 +244,7 @@ def prune_finished(
 ) -> int:
     """Delete jobs finished more than ``older_than`` ago, in batches; return how many."""
     database = database or _database(backend)
+    _check_batch_size(batch_size)
     before = timezone.now() - older_than
     everything = Selection(everything=True)
     if dry_run:
@@ -269,7 +281,8 @@ def delete_expired_jobs(config: Any, *, batch_size: int = BATCH_SIZE) -> int:
                 older_than=keep, statuses=[status], database=config.database, batch_size=batch_size
             )
     longest = max(
-        (keep for keep in (config.keep_successful, config.keep_failed) if keep), default=None
+        (keep for keep in (config.keep_successful, config.keep_failed) if keep is not None),
+        default=None,
     )
     if longest is not None:
         connection = connections[config.database]

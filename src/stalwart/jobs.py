@@ -130,7 +130,9 @@ class JobStore:
             claimed.extend(retry_transient(self.database, claim_pattern, what="claim"))
         return claimed
 
-    def _in_transaction(self, what: str, work: Any, *, atomic: bool = False) -> Any:
+    def _in_transaction(
+        self, what: str, work: Any, *, atomic: bool = False, conflicts: bool = True
+    ) -> Any:
         """Run ``work(cursor)`` as one transaction (a single statement needs no BEGIN)."""
 
         def run() -> Any:
@@ -140,7 +142,7 @@ class JobStore:
             with transaction.atomic(using=self.database), self.connection.cursor() as cursor:
                 return work(cursor)
 
-        return retry_transient(self.database, run, what=what)
+        return retry_transient(self.database, run, what=what, conflicts=conflicts)
 
     def finish(
         self, *, owner: int, outcomes: Sequence[Outcome], free_keys: Sequence[str] = ()

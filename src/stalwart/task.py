@@ -23,20 +23,26 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Ta
 from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
+from stalwart.exceptions import InvalidTaskArguments, TaskNotFound, TransactionLeftOpen
 from stalwart.serialization import dumps, normalize
+
+# Failures a retry cannot cure: the same call would fail the same way again.
+NEVER_RETRIED = (InvalidTaskArguments, TaskNotFound, TransactionLeftOpen)
 
 
 @dataclass(frozen=True, slots=True)
 class Exponential:
-    """Wait ``base * 2**(n-1)`` seconds after the n-th failure, at most ``maximum``, ±50%."""
+    """Wait ``base * 2**(n-1)`` seconds (±50%) after the n-th failure, at most ``maximum``."""
 
     base: float = 1.0
     maximum: float = 3600.0
     jitter: bool = True
 
     def __call__(self, failures: int) -> float:
-        delay = min(self.base * 2 ** max(failures - 1, 0), self.maximum)
-        return delay * random.uniform(0.5, 1.5) if self.jitter else delay  # noqa: S311
+        delay = self.base * 2 ** min(max(failures - 1, 0), 64)
+        if self.jitter:
+            delay *= random.uniform(0.5, 1.5)  # noqa: S311 - spreading retries, not secrecy
+        return min(delay, self.maximum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +128,15 @@ class StalwartTask(Task):
                 "concurrency_limit",
                 f"must be a whole number of at least 1, not {self.concurrency_limit!r}",
             )
-        if self.concurrency_limit is None and (self.concurrency_key or self.concurrency_group):
-            raise self._fail("concurrency_key", "needs concurrency_limit as well")
+        for option in ("concurrency_key", "concurrency_group"):
+            if self.concurrency_limit is None and getattr(self, option):
+                raise self._fail(option, "needs concurrency_limit as well")
+        if self.concurrency_group is not None and (
+            not isinstance(self.concurrency_group, str) or not self.concurrency_group
+        ):
+            raise self._fail(
+                "concurrency_group", f"must be a non-empty string, not {self.concurrency_group!r}"
+            )
         if self.concurrency_key is not None and not (
             isinstance(self.concurrency_key, str) or callable(self.concurrency_key)
         ):
@@ -141,6 +154,9 @@ class StalwartTask(Task):
     # -- what the worker and the backend ask of a task ----------------------------------------
 
     def should_retry(self, exception: BaseException) -> bool:
+        """Whether a failure with ``exception`` earns another attempt (cap permitting)."""
+        if isinstance(exception, NEVER_RETRIED):
+            return False  # the same call would fail the same way
         retry_on = self.retry_on if isinstance(self.retry_on, tuple) else (self.retry_on,)
         return self.max_attempts is not None and isinstance(exception, retry_on)
 
@@ -155,9 +171,9 @@ class StalwartTask(Task):
             return None
         group = self.concurrency_group or self.module_path
         if self.concurrency_key is None:
-            return group
+            return _fit(group)
         value = _apply(self.concurrency_key, args, kwargs, self, "concurrency_key")
-        return f"{group}:{value}"
+        return _fit(f"{group}:{value}")
 
     def unique_key_for(self, args: list, kwargs: dict) -> str | None:
         """The key that makes two calls the same job, or None when not unique."""
@@ -168,6 +184,16 @@ class StalwartTask(Task):
         else:
             material = f"{self.module_path}:{_apply(self.unique, args, kwargs, self, 'unique')}"
         return hashlib.sha256(material.encode()).hexdigest()
+
+
+MAX_KEY_LENGTH = 255
+
+
+def _fit(key: str) -> str:
+    """Keys longer than the column holds are replaced by a digest (equal keys stay equal)."""
+    if len(key) <= MAX_KEY_LENGTH:
+        return key
+    return f"sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 def _named_arguments(task: StalwartTask, args: list, kwargs: dict) -> dict[str, Any]:

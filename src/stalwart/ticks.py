@@ -77,6 +77,12 @@ def enqueue_tick(
                     cursor, key=entry.key, run_at=run_at, job_id=job_id
                 ):
                     return None
-            return backend.enqueue_with_id(task, entry.args, entry.kwargs, job_id)
+            result = backend.enqueue_with_id(task, entry.args, entry.kwargs, job_id)
+            if result.id != str(job_id):
+                # A unique task whose twin was still waiting: the tick points at the twin.
+                RecurringRun.objects.using(database).filter(key=entry.key, run_at=run_at).update(
+                    job_id=result.id
+                )
+            return result
 
     return retry_transient(database, claim_and_enqueue, what="enqueue a recurring tick")

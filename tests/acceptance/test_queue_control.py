@@ -46,9 +46,15 @@ def test_a_limit_of_one_per_key_is_never_exceeded_even_when_a_worker_dies():
     rng = random.Random(3)
     calls = [Call(rng.choice(keys), sleep=0.002) for _ in range(500)]
     with start_supervisor("--processes", "4", "--threads", "3", workers=4) as supervisor:
-        enqueue_many(tasks.one_at_a_time, calls[:250])
-        # Kill a worker while it holds a slot: the job goes back to ready with its slot, runs
-        # again, and frees the slot; nothing is left blocked for ever.
+        enqueue_many(tasks.one_at_a_time, calls)
+        wait_for(
+            lambda: Job.objects.filter(status="successful").count() == len(calls),
+            timeout=120,
+            message=f"{len(calls)} limited jobs to run",
+        )
+        # Now kill a worker while it holds a slot (and runs nothing else, so no other job of
+        # its can have done its work without recording it). The job goes back to ready with
+        # its slot, runs again, frees the slot; nothing is left blocked for ever.
         victim_job = tasks.one_at_a_time.enqueue("account-victim", sleep=30)
         wait_for(
             lambda: Job.objects.get(pk=victim_job.id).status == "running",
@@ -61,12 +67,11 @@ def test_a_limit_of_one_per_key_is_never_exceeded_even_when_a_worker_dies():
         # When it runs again, let it be quick (the running attempt has its arguments already).
         Job.objects.filter(pk=victim_job.id).update(kwargs={"sleep": 0})
         psutil.Process(owner.pid).kill()
-        enqueue_many(tasks.one_at_a_time, calls[250:])
         total = len(calls) + 2
         wait_for(
             lambda: Job.objects.filter(status="successful").count() == total,
-            timeout=120,
-            message=f"{total} limited jobs to run",
+            timeout=60,
+            message="the victim's key to drain",
         )
         stop(supervisor)
     assert "Traceback" not in supervisor.output
@@ -180,7 +185,9 @@ def test_retry_discard_and_run_now_commands_report_counts():
     assert Job.objects.filter(status="failed").count() == 30
     with Child("queue", "retry", "--all", "--batch-size", "7", env=env) as retry:
         assert retry.wait(timeout=60) == 0
-    assert "Retried 30 failed jobs." in retry.output
+    assert "Retried 30 failed jobs (jobs with a concurrency key wait for a free slot)." in (
+        retry.output
+    )
     Job.objects.update(status="failed")
     with Child("queue", "discard", "--queue", "default", env=env) as discard:
         assert discard.wait(timeout=60) == 0

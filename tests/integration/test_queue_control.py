@@ -15,6 +15,7 @@ from stalwart import Call, control, enqueue_many
 from stalwart.control import Selection
 from stalwart.jobs import JobStore
 from stalwart.models import Job
+from stalwart.queues import QueueSelector
 from tests.helpers import drain, wait_for, worker_thread
 from tests.testapp import tasks
 from tests.testapp.models import Execution
@@ -278,3 +279,71 @@ def test_the_retention_chore_applies_the_configured_ages():
     assert control.delete_expired_jobs(config) == 0
     assert Job.objects.filter(pk=waiting.id).exists()
     assert Execution.objects.count() == 0
+
+
+# -- a unique job going back to waiting while its twin waits -----------------------------
+
+
+@pytest.fixture
+def running_unique_job_with_a_waiting_twin():
+    from tests.helpers import register_processes
+
+    register_processes(11)
+    first = tasks.unique_report.enqueue("d")
+    (claimed,) = JobStore("default").claim(
+        owner=11,
+        worker_name="w11",
+        selector=QueueSelector.parse("*"),
+        limit=1,
+    )
+    twin = tasks.unique_report.enqueue("d")  # the first is running: not a duplicate
+    assert twin.id != first.id
+    return claimed, twin
+
+
+def test_a_retry_while_a_twin_waits_drops_the_key_instead_of_failing(
+    running_unique_job_with_a_waiting_twin,
+):
+    from stalwart.db import Outcome
+
+    claimed, twin = running_unique_job_with_a_waiting_twin
+    written = JobStore("default").finish(
+        owner=11,
+        outcomes=[
+            Outcome(id=claimed.id, attempt=1, status="scheduled", available_at=timezone.now())
+        ],
+    )
+    assert set(written) == {claimed.id}
+    job = Job.objects.get(pk=claimed.id)
+    assert (job.status, job.unique_key) == ("scheduled", None)
+    assert Job.objects.get(pk=twin.id).unique_key is not None
+
+
+def test_a_release_while_a_twin_waits_drops_the_key(running_unique_job_with_a_waiting_twin):
+    claimed, _ = running_unique_job_with_a_waiting_twin
+    assert JobStore("default").release(owner=11, jobs=[(claimed.id, 1)]) == [claimed.id]
+    assert Job.objects.get(pk=claimed.id).unique_key is None
+
+
+def test_a_death_while_a_twin_waits_drops_the_key(running_unique_job_with_a_waiting_twin):
+    claimed, _ = running_unique_job_with_a_waiting_twin
+    released = JobStore("default").release_owner(owner=11, error_class="x.Died", error_text="x")
+    assert [job.status for job in released] == ["ready"]
+    assert Job.objects.get(pk=claimed.id).unique_key is None
+
+
+def test_run_now_moves_a_scheduled_unique_job_and_dry_runs_agree():
+    later = tasks.unique_report.using(run_after=timezone.now() + timedelta(days=1)).enqueue("z")
+    assert control.run_now(Selection(ids=[later.id]), dry_run=True) == 1
+    assert control.run_now(Selection(ids=[later.id])) == 1
+    assert Job.objects.get(pk=later.id).status == "ready"
+    failed = tasks.unique_report.enqueue("y")
+    Job.objects.filter(pk=failed.id).update(status="failed")
+    tasks.unique_report.enqueue("y")  # its twin now waits: a retry would collide
+    assert control.retry_failed(Selection(everything=True), dry_run=True) == 0
+    assert control.retry_failed(Selection(everything=True)) == 0
+
+
+def test_batch_size_must_be_positive():
+    with pytest.raises(ValueError, match="batch_size must be a whole number of at least 1"):
+        control.retry_failed(Selection(everything=True), batch_size=0)

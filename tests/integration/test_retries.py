@@ -141,3 +141,12 @@ def test_unknown_options_fail_at_declaration():
     probe.__qualname__ = "probe"
     with pytest.raises(TypeError, match="retries"):
         stalwart.task(retries=3)(probe)
+
+
+def test_failures_a_retry_cannot_cure_are_not_retried():
+    result = tasks.returns_a_set.enqueue()
+    drain(threads=1)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 1
+    assert result.errors[0].exception_class_path == "stalwart.exceptions.InvalidTaskArguments"

@@ -180,3 +180,9 @@ def hog(context: TaskContext, megabytes: int, sleep: float = 0.0) -> int:
 @task
 def shout_secret(secret: str) -> None:
     raise RuntimeError("the task failed")
+
+
+@stalwart.task(max_attempts=5, backoff=0)
+def returns_a_set() -> set:
+    """Retrying cannot help: the return value never fits JSON."""
+    return {1, 2}

@@ -78,7 +78,7 @@ def work(command: Any, options: dict[str, Any]) -> int:
         config=config,
         worker=worker_options,
         promote_scheduled=True,
-        prune_dead=True,
+        do_chores=True,
         stop_when_empty=options.get("stop_when_empty", False),
     )
     try:

@@ -75,13 +75,26 @@ def _selection(options: dict[str, Any]) -> Any:
     )
 
 
+_REPORTS = {
+    # verb: (dry run, done); {n} jobs, {s} plural ending
+    "retry": ("Would retry {n} failed job{s}", "Retried {n} failed job{s}"),
+    "discard": ("Would discard {n} failed job{s}", "Discarded {n} failed job{s}"),
+    "run now": (
+        "Would make {n} scheduled job{s} claimable now",
+        "Made {n} scheduled job{s} claimable now",
+    ),
+}
+_WAITING_NOTE = " (jobs with a concurrency key wait for a free slot)"
+
+
 def _report_count(command: Any, options: dict[str, Any], done: int, verb: str, noun: str) -> None:
-    jobs = "job" if done == 1 else "jobs"
+    dry, wet = _REPORTS[verb]
+    text = (dry if options["dry_run"] else wet).format(n=done, s="" if done == 1 else "s")
     if options["dry_run"]:
-        command.stdout.write(f"Would {verb} {done} {noun} {jobs} (dry run: nothing changed).")
-    else:
-        past = {"retry": "Retried", "discard": "Discarded", "run now": "Made ready"}[verb]
-        command.stdout.write(f"{past} {done} {noun} {jobs}.")
+        text += " (dry run: nothing changed)"
+    elif verb != "discard" and done:
+        text += _WAITING_NOTE
+    command.stdout.write(text + ".")
 
 
 @subcommand(

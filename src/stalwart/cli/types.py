@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -73,21 +74,28 @@ def job_id(value: str) -> str:
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_duration(value: str) -> Any:
-    """'90s', '15m', '12h', '7d', '2w' or plain seconds, as a timedelta."""
+MAX_DURATION = timedelta(days=36500)
 
+
+def parse_duration(value: str) -> Any:
+    """'90s', '15m', '12h', '7d', '2w' or plain seconds, as a timedelta (up to 100 years)."""
     text = value.strip().lower()
     unit = text[-1:] if text[-1:] in _DURATION else "s"
     number = text[:-1] if text[-1:] in _DURATION else text
     try:
         amount = float(number)
     except ValueError:
+        amount = math.nan
+    if not math.isfinite(amount):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a duration (examples: 90s, 15m, 12h, 7d, 2w)"
-        ) from None
+        )
     if amount < 0:
         raise argparse.ArgumentTypeError(f"{value!r} must not be negative")
-    return timedelta(seconds=amount * _DURATION[unit])
+    seconds = amount * _DURATION[unit]
+    if seconds > MAX_DURATION.total_seconds():
+        raise argparse.ArgumentTypeError(f"{value!r} is longer than 100 years")
+    return timedelta(seconds=seconds)
 
 
 def json_value(kind: type) -> Callable[[str], Any]:

@@ -169,6 +169,14 @@ def like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
+# A job may go back to waiting only if no twin (same unique key) is waiting already.
+_NO_WAITING_TWIN = """
+    AND (candidate.unique_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM stalwart_job AS twin
+        WHERE twin.unique_key = candidate.unique_key AND twin.id <> candidate.id
+          AND twin.status IN ('scheduled', 'blocked', 'ready')))"""
+
+
 class Statements:
     """The protocol every database implements. Subclasses hold the SQL."""
 
@@ -399,6 +407,22 @@ class Statements:
             self._unique_predicate = sql % tuple(editor.quote_value(p) for p in params)
         return self._unique_predicate
 
+    @staticmethod
+    def unique_key_leaving(table: str) -> str:
+        """``unique_key = ...`` for a job leaving ``running``: dropped if a waiting twin exists.
+
+        A job unique only while waiting may have a twin enqueued while it runs; when it goes
+        back to waiting (a retry, a release), keeping its key would collide with the twin's.
+        The twin will do the work; this job keeps running its course, without the key.
+        """
+        return (
+            f"unique_key = CASE WHEN {table}.unique_key IS NOT NULL AND EXISTS ("
+            "SELECT 1 FROM stalwart_job AS twin "
+            f"WHERE twin.unique_key = {table}.unique_key AND twin.id <> {table}.id "
+            "AND twin.status IN ('scheduled', 'blocked', 'ready')"
+            f") THEN NULL ELSE {table}.unique_key END"
+        )
+
     def insert_params(self, job: NewJob) -> list:
         return [
             self.uuid_param(job.id),
@@ -529,11 +553,7 @@ class Statements:
                 finished_at = NULL, available_at = %s{attempts}
             WHERE status = %s AND id IN (
                 SELECT id FROM stalwart_job AS candidate
-                WHERE status = %s {conditions}
-                  AND (candidate.unique_key IS NULL OR NOT EXISTS (
-                      SELECT 1 FROM stalwart_job AS twin
-                      WHERE twin.unique_key = candidate.unique_key
-                        AND twin.status IN ('scheduled', 'blocked', 'ready')))
+                WHERE status = %s {conditions} {_NO_WAITING_TWIN}
                 ORDER BY id LIMIT %s
             )
             RETURNING queue_name, concurrency_key
@@ -541,6 +561,15 @@ class Statements:
             [self.now_param(), status, status, *params, limit],
         )
         return cursor.fetchall()
+
+    def count_requeueable(self, cursor: Any, *, status: str, conditions: str, params: list) -> int:
+        """How many jobs ``requeue_batch`` would move (for a dry run)."""
+        cursor.execute(
+            f"SELECT count(*) FROM stalwart_job AS candidate "
+            f"WHERE status = %s {conditions} {_NO_WAITING_TWIN}",
+            [status, *params],
+        )
+        return cursor.fetchone()[0]
 
     def delete_batch(
         self,

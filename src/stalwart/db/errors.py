@@ -6,7 +6,7 @@ connection, SQLite's "database is locked". Everything else propagates as it is.
 
 import sqlite3
 
-from django.db import DatabaseError, InterfaceError
+from django.db import DatabaseError, IntegrityError, InterfaceError
 
 # SQLSTATE classes and codes (PostgreSQL, and MySQL where it reports them).
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "40", "57P")
@@ -33,3 +33,11 @@ def is_transient(error: BaseException) -> bool:
     # psycopg raises OperationalError without a SQLSTATE when the connection is lost.
     package = type(cause).__module__.partition(".")[0]
     return package == "psycopg" and type(cause).__name__ == "OperationalError"
+
+
+def is_unique_conflict(error: BaseException) -> bool:
+    """A unique index refused a write (a racing twin): worth one more try, which will see it."""
+    if not isinstance(error, IntegrityError):
+        return False
+    cause = error.__cause__ or error
+    return _sqlstate(cause) == "23505" or "UNIQUE constraint failed" in str(cause)

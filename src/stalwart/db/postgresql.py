@@ -148,7 +148,7 @@ class PostgreSQLStatements(Statements):
         # Outcomes go in id order, so concurrent writers lock rows in one order.
         outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
         cursor.execute(
-            """
+            f"""
             UPDATE stalwart_job AS job
             SET status = outcome.status,
                 owner = NULL,
@@ -156,7 +156,8 @@ class PostgreSQLStatements(Statements):
                                    THEN now() END,
                 available_at = COALESCE(outcome.available_at, job.available_at),
                 return_value = outcome.return_value::jsonb,
-                errors = COALESCE(outcome.errors::jsonb, job.errors)
+                errors = COALESCE(outcome.errors::jsonb, job.errors),
+                {self.unique_key_leaving("job")}
             FROM unnest(
                 %s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::timestamptz[]
             ) AS outcome(id, attempt, status, return_value, errors, available_at)
@@ -187,7 +188,8 @@ class PostgreSQLStatements(Statements):
                 FOR UPDATE OF job
             ),
             released AS (
-                UPDATE stalwart_job AS job SET status = 'ready', owner = NULL
+                UPDATE stalwart_job AS job
+                SET status = 'ready', owner = NULL, {self.unique_key_leaving("job")}
                 FROM mine WHERE job.id = mine.id AND job.status = 'running' AND job.owner = %s
                 RETURNING job.id, job.queue_name
             ),
@@ -219,6 +221,7 @@ class PostgreSQLStatements(Statements):
                     finished_at = CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts
                                        THEN now() END,
                     owner = NULL,
+                    {self.unique_key_leaving("job")},
                     errors = job.errors || jsonb_build_array(jsonb_build_object(
                         'exception_class_path', %s::text, 'traceback', %s::text))
                 FROM held

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from django.db import DatabaseError, InterfaceError, connections
 
 from stalwart import events
-from stalwart.db.errors import is_transient
+from stalwart.db.errors import is_transient, is_unique_conflict
 
 
 def retry_transient[T](
@@ -18,10 +18,14 @@ def retry_transient[T](
     attempts: int = 6,
     first_delay: float = 0.02,
     max_delay: float = 2.0,
+    conflicts: bool = False,
 ) -> T:
     """Run ``operation`` (one whole transaction of ours), retrying transient failures.
 
     Never retries inside a transaction the caller owns: the error would have poisoned it.
+    With ``conflicts``, a unique-index conflict is retried too: the statements that move a job
+    back to waiting drop its unique key when they see a twin, which a racing twin defeats
+    only until the next try.
     """
     connection = connections[alias]
     delay = first_delay
@@ -29,7 +33,8 @@ def retry_transient[T](
         try:
             return operation()
         except (DatabaseError, InterfaceError) as error:
-            if connection.in_atomic_block or not is_transient(error) or attempt == attempts:
+            retryable = is_transient(error) or (conflicts and is_unique_conflict(error))
+            if connection.in_atomic_block or not retryable or attempt == attempts:
                 raise
             events.emit(
                 "database_retry",

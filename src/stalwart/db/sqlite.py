@@ -65,11 +65,12 @@ class SQLiteStatements(Statements):
         for outcome in outcomes:
             final = outcome.status in ("successful", "failed")
             cursor.execute(
-                """
+                f"""
                 UPDATE stalwart_job
                 SET status = %s, owner = NULL, finished_at = %s,
                     available_at = COALESCE(%s, available_at),
-                    return_value = %s, errors = COALESCE(%s, errors)
+                    return_value = %s, errors = COALESCE(%s, errors),
+                    {self.unique_key_leaving("stalwart_job")}
                 WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
                 RETURNING finished_at
                 """,
@@ -97,8 +98,9 @@ class SQLiteStatements(Statements):
         released = []
         for job_id, attempt in jobs:
             cursor.execute(
-                """
-                UPDATE stalwart_job SET status = 'ready', owner = NULL
+                f"""
+                UPDATE stalwart_job
+                SET status = 'ready', owner = NULL, {self.unique_key_leaving("stalwart_job")}
                 WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
                 """,
                 [self.uuid_param(job_id), owner, attempt],
@@ -112,13 +114,14 @@ class SQLiteStatements(Statements):
     ) -> list[Released]:
         error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
         cursor.execute(
-            """
+            f"""
             UPDATE stalwart_job
             SET status = CASE WHEN json_array_length(errors) + 1 >= max_attempts
                               THEN 'failed' ELSE 'ready' END,
                 finished_at = CASE WHEN json_array_length(errors) + 1 >= max_attempts
                                    THEN %s END,
                 owner = NULL,
+                {self.unique_key_leaving("stalwart_job")},
                 errors = json_insert(errors, '$[#]', json(%s))
             WHERE status = 'running' AND owner = %s
             RETURNING id, status, queue_name, concurrency_key

@@ -134,7 +134,7 @@ def prune_dead_processes(
                 hand_on_slots(statements, cursor, released)
                 return released
 
-        released = retry_transient(database, prune_one, what="prune a dead process")
+        released = retry_transient(database, prune_one, what="prune a dead process", conflicts=True)
         if released is not None:
             pruned.append(GoneProcess(process_id, kind, name, pid, hostname, released))
     return pruned
@@ -170,7 +170,7 @@ def remove_reaped_child(
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone
 
-    return retry_transient(database, remove, what="remove a reaped child")
+    return retry_transient(database, remove, what="remove a reaped child", conflicts=True)
 
 
 def report_pruned(gone: GoneProcess) -> None:

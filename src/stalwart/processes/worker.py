@@ -22,9 +22,9 @@ from stalwart.exceptions import JobTimedOut
 from stalwart.jobs import JobStore
 from stalwart.models import JobStatus
 from stalwart.processes.base import EXIT_CRASHED, EXIT_RECYCLE, Role
+from stalwart.processes.chores import Chores
 from stalwart.processes.listener import Listener
 from stalwart.processes.pool import JobPool
-from stalwart.processes.registry import prune_under_lease
 from stalwart.processes.runner import Finished, error_for, failure_outcome, run_job
 from stalwart.resolution import resolve_task
 
@@ -49,7 +49,7 @@ class Worker(Role):
         config: Options,
         worker: WorkerOptions,
         promote_scheduled: bool = False,
-        prune_dead: bool = False,
+        do_chores: bool = False,
         stop_when_empty: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -59,8 +59,7 @@ class Worker(Role):
         self.store = JobStore(self.database, notify=config.listen_notify)
         # Without a supervisor and dispatcher, a worker does their chores itself.
         self.promote_scheduled = promote_scheduled
-        self.prune_dead = prune_dead
-        self._next_prune = 0.0
+        self.chores = Chores(config, holder=self.name) if do_chores else None
         self.stop_when_empty = stop_when_empty
         self.pool = JobPool(worker.threads, self._run_job, self.waker.wake)
         self.held: dict[Any, ClaimedJob] = {}  # claimed by us and not yet written
@@ -87,7 +86,8 @@ class Worker(Role):
             "threads": self.worker.threads,
             "busy": self.pool.busy,
             "jobs_done": self.jobs_done,
-            "paused": list(self._paused),  # the paused queues this worker is honouring
+            # The paused queues this worker would otherwise claim from.
+            "paused": [name for name in self._paused if self.selector.serves(name)],
         }
 
     def _show_state(self) -> None:
@@ -139,15 +139,8 @@ class Worker(Role):
         if self.promote_scheduled and now >= self._next_promotion:
             self.store.promote_due()
             self._next_promotion = now + PROMOTE_INTERVAL
-        if self.prune_dead and now >= self._next_prune:
-            self._next_prune = now + self.config.heartbeat_interval
-            prune_under_lease(
-                self.database,
-                holder=self.name,
-                threshold=self.config.process_alive_threshold,
-                interval=self.config.heartbeat_interval,
-                exclude=self.registration.id,
-            )
+        if self.chores is not None:
+            self.chores.run_due(exclude=self.registration.id)
         if self._recycle_due() or self._check_timeouts():
             self.exit_status = EXIT_RECYCLE
             self.request_stop()
@@ -184,10 +177,10 @@ class Worker(Role):
         from stalwart.models import Job
 
         pending = Job.objects.using(self.database).filter(
-            status__in=[JobStatus.READY, JobStatus.SCHEDULED]
+            status__in=[JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED]
         )
         return not any(
-            self.selector.serves(name)
+            self.selector.serves(name) and name not in self._paused
             for name in pending.values_list("queue_name", flat=True).distinct()
         )
 
