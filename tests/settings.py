@@ -14,6 +14,8 @@ from pathlib import Path
 
 VENDOR = os.environ.get("STALWART_TEST_DATABASE", "sqlite")
 DB_NAME_OVERRIDE = os.environ.get("STALWART_DB_NAME")
+# Each test run gets its own test database, so runs side by side do not trample each other.
+RUN = os.environ.setdefault("STALWART_TEST_RUN", str(os.getpid()))
 
 SECRET_KEY = "stalwart-tests-not-secret"  # noqa: S105 - test settings
 DEBUG = False
@@ -32,11 +34,11 @@ if VENDOR == "postgresql":
             "USER": os.environ.get("PGUSER", "postgres"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
             "CONN_HEALTH_CHECKS": True,
-            "TEST": {"NAME": "test_stalwart"},
+            "TEST": {"NAME": f"test_stalwart_{RUN}"},
         }
     }
 elif VENDOR == "sqlite":
-    _sqlite_file = str(Path(tempfile.gettempdir()) / f"stalwart-tests-{os.getuid()}.sqlite3")
+    _sqlite_file = str(Path(tempfile.gettempdir()) / f"stalwart-tests-{RUN}.sqlite3")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",

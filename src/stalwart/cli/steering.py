@@ -97,53 +97,42 @@ def _report_count(command: Any, options: dict[str, Any], done: int, verb: str, n
     command.stdout.write(text + ".")
 
 
+def _bulk(command: Any, options: dict[str, Any], verb: str, noun: str) -> int:
+    from stalwart import control
+
+    operation = {
+        "retry": control.retry_failed,
+        "discard": control.discard_failed,
+        "run now": control.run_now,
+    }[verb]
+    get_backend(options["backend"])
+    done = operation(
+        _selection(options),
+        backend=options["backend"],
+        dry_run=options["dry_run"],
+        batch_size=options["batch_size"],
+    )
+    _report_count(command, options, done, verb, noun)
+    return 0
+
+
 @subcommand(
     "retry", "Give failed jobs another attempt (their errors are kept).", _selection_arguments
 )
 def retry(command: Any, options: dict[str, Any]) -> int:
-    from stalwart import control
-
-    get_backend(options["backend"])
-    done = control.retry_failed(
-        _selection(options),
-        backend=options["backend"],
-        dry_run=options["dry_run"],
-        batch_size=options["batch_size"],
-    )
-    _report_count(command, options, done, "retry", "failed")
-    return 0
+    return _bulk(command, options, "retry", "failed")
 
 
 @subcommand("discard", "Delete failed jobs.", _selection_arguments)
 def discard(command: Any, options: dict[str, Any]) -> int:
-    from stalwart import control
-
-    get_backend(options["backend"])
-    done = control.discard_failed(
-        _selection(options),
-        backend=options["backend"],
-        dry_run=options["dry_run"],
-        batch_size=options["batch_size"],
-    )
-    _report_count(command, options, done, "discard", "failed")
-    return 0
+    return _bulk(command, options, "discard", "failed")
 
 
 @subcommand(
     "run-now", "Make scheduled jobs claimable now instead of at their time.", _selection_arguments
 )
 def run_now(command: Any, options: dict[str, Any]) -> int:
-    from stalwart import control
-
-    get_backend(options["backend"])
-    done = control.run_now(
-        _selection(options),
-        backend=options["backend"],
-        dry_run=options["dry_run"],
-        batch_size=options["batch_size"],
-    )
-    _report_count(command, options, done, "run now", "scheduled")
-    return 0
+    return _bulk(command, options, "run now", "scheduled")
 
 
 # -- prune -----------------------------------------------------------------------------------

@@ -243,28 +243,7 @@ class Statements:
         row = "(" + ", ".join(["%s"] * len(INSERT_COLUMNS)) + ")"
         params: list = []
         for job in jobs:
-            params.extend(
-                (
-                    self.uuid_param(job.id),
-                    job.task_path,
-                    job.backend,
-                    job.queue_name,
-                    job.priority,
-                    job.status,
-                    job.args,
-                    job.kwargs,
-                    self.datetime_param(job.run_after),
-                    self.datetime_param(job.available_at),
-                    self.datetime_param(job.enqueued_at),
-                    job.max_attempts,
-                    0,
-                    "[]",
-                    "[]",
-                    job.concurrency_key,
-                    job.unique_key,
-                    job.unique_while_running,
-                )
-            )
+            params.extend(self.insert_params(job))
         cursor.execute(
             f"INSERT INTO stalwart_job ({', '.join(INSERT_COLUMNS)}) "
             f"VALUES {', '.join([row] * len(jobs))}",
