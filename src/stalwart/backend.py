@@ -112,6 +112,7 @@ class StalwartBackend(BaseTaskBackend):
                     enqueued_at=now,
                     max_attempts=max_attempts,
                     concurrency_key=concurrency_key,
+                    concurrency_limit=task.concurrency_limit if concurrency_key else None,
                     unique_key=unique_key,
                     unique_while_running=bool(unique_key and task.unique_while_running),
                 )
@@ -152,7 +153,16 @@ class StalwartBackend(BaseTaskBackend):
 
         Returns every call's result, and those of the jobs actually created.
         """
-        stored = self.store.insert_guarded(rows, slot_limit=task.concurrency_limit)
+        stored = self.store.insert_guarded(rows)
+        keys = sorted({row.concurrency_key for row in rows if row.concurrency_key is not None})
+        if keys:
+            # Slots are handed out once the jobs exist for everyone (the dispatcher's sweep
+            # catches any this misses).
+            transaction.on_commit(
+                partial(self.store.unblock, keys, limit=task.concurrency_limit),
+                using=self.config.database,
+                robust=True,
+            )
         final, fresh = [], []
         for result, outcome in zip(results, stored, strict=True):
             if isinstance(outcome, NewJob):

@@ -51,26 +51,6 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
 def check_recurring(backend: Any) -> list[checks.CheckMessage]:
     from stalwart.diagnostics import recurring_problems
 
-    return [checks.Error(problem, id="stalwart.E004") for problem in recurring_problems(backend)]
-
-
-@checks.register(checks.Tags.database)
-def check_databases(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
-    """With ``manage.py check --database ALIAS``: version and migrations of the queue's
-    database (the same checks as ``queue check``)."""
-    from django.tasks import task_backends
-
-    from stalwart.backend import StalwartBackend
-    from stalwart.diagnostics import database_problems
-
-    messages: list[checks.CheckMessage] = []
-    for backend in task_backends.all():
-        if not isinstance(backend, StalwartBackend):
-            continue
-        alias = backend.config.database
-        if databases is not None and alias not in databases:
-            continue
-        messages.extend(
-            checks.Error(problem, id="stalwart.E003") for problem in database_problems(alias)
-        )
-    return messages
+    # A warning, not an error: the scheduler skips a broken entry and carries on, and an error
+    # here would stop 'migrate' and 'runserver' too. 'queue check' fails on it.
+    return [checks.Warning(problem, id="stalwart.W004") for problem in recurring_problems(backend)]

@@ -72,3 +72,10 @@ class JobTimedOut(Exception):
             f"The attempt ran longer than the task's timeout of {timeout:g} s. Its thread could "
             f"not be stopped, so its worker process {process} was replaced."
         )
+
+
+class OutcomeNotStored(Exception):
+    """Recorded as a job's error when the database refused to store its real outcome."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"The attempt's outcome could not be stored: {reason}")

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
+from stalwart import events
 from stalwart.db import ClaimedJob, NewJob, Outcome, Released, statements_for
 from stalwart.db.retry import retry_transient
 from stalwart.queues import QueuePattern, QueueSelector
@@ -49,33 +50,25 @@ class JobStore:
         ):
             statements.insert(cursor, jobs, self.notify)
 
-    def insert_guarded(
-        self, jobs: Sequence[NewJob], *, slot_limit: int | None
-    ) -> list[NewJob | uuid.UUID]:
-        """Insert jobs one at a time, taking concurrency slots and honouring unique keys.
+    def insert_guarded(self, jobs: Sequence[NewJob]) -> list[NewJob | uuid.UUID]:
+        """Insert jobs one at a time, waiting for concurrency slots, honouring unique keys.
 
-        Runs in the caller's transaction if there is one (else in its own). Per job, returns
-        the job as inserted (``blocked`` if its key had no free slot), or the id of the
-        waiting twin that made it a duplicate. Contention is never an exception: a unique
-        conflict is an ``ON CONFLICT DO NOTHING`` and a row count.
+        Runs in the caller's transaction if there is one (else in its own), and takes no lock
+        there: a job that needs a concurrency slot is inserted ``blocked``, and the slots are
+        handed out after commit (``unblock``). Per job, returns the job as inserted, or the id
+        of the waiting twin that made it a duplicate. Contention is never an exception: a
+        unique conflict is an ``ON CONFLICT DO NOTHING`` and a row count.
         """
         outcome: list[NewJob | uuid.UUID] = []
-        statements = self.statements
         with (
             transaction.atomic(using=self.database, savepoint=False),
             self.connection.cursor() as cursor,
         ):
             for job in jobs:
-                if job.concurrency_key is not None:
-                    limit = statements.lock_concurrency_key(
-                        cursor, key=job.concurrency_key, limit=slot_limit
-                    )
-                    if job.status == "ready" and (
-                        statements.slot_holders(cursor, key=job.concurrency_key) >= limit
-                    ):
-                        job = replace(job, status="blocked")  # noqa: PLW2901 - the job as stored
+                if job.concurrency_key is not None and job.status == "ready":
+                    job = replace(job, status="blocked")  # noqa: PLW2901 - the job as stored
                 if job.unique_key is None:
-                    statements.insert(cursor, [job], self.notify)
+                    self.statements.insert(cursor, [job], self.notify)
                     outcome.append(job)
                     continue
                 outcome.append(self._insert_unique(cursor, job))
@@ -127,7 +120,14 @@ class JobStore:
                         limit=wanted,
                     )
 
-            claimed.extend(retry_transient(self.database, claim_pattern, what="claim"))
+            try:
+                claimed.extend(retry_transient(self.database, claim_pattern, what="claim"))
+            except DatabaseError:
+                if not claimed:
+                    raise
+                # What the earlier patterns claimed is committed and ours: keep it.
+                events.emit("claim_failed", pattern=str(pattern), kept=len(claimed))
+                break
         return claimed
 
     def _in_transaction(
@@ -180,6 +180,15 @@ class JobStore:
             ),
         )
 
+    def owned_running(self, *, owner: int) -> list[tuple[uuid.UUID, int]]:
+        """(id, attempt) of the running jobs that ``owner`` holds, as the database sees it."""
+
+        def run() -> list:
+            with self.connection.cursor() as cursor:
+                return self.statements.owned_running(cursor, owner=owner)
+
+        return retry_transient(self.database, run, what="owned jobs")
+
     def wake(self, queue_names: Sequence[str]) -> None:
         """Tell idle workers of these queues to look now (PostgreSQL; a no-op elsewhere)."""
         if self.notify and queue_names:
@@ -197,14 +206,17 @@ class JobStore:
         self.unblock(keys)
         return promoted
 
-    def unblock(self, keys: Sequence[str]) -> int:
-        """Hand out the free slots of these concurrency keys (one transaction per key)."""
+    def unblock(self, keys: Sequence[str], *, limit: int | None = None) -> int:
+        """Hand out the free slots of these concurrency keys (one transaction per key).
+
+        ``limit``: the task's current limit, recorded for the keys (else the one stored).
+        """
         handed_out = 0
         for key in sorted(set(keys)):
             handed_out += self._in_transaction(
                 "unblock",
                 lambda cursor, key=key: self.statements.unblock(
-                    cursor, key=key, notify=self.notify
+                    cursor, key=key, notify=self.notify, limit=limit
                 ),
                 atomic=True,
             )

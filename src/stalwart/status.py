@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count, F, Min
 
 from stalwart.conf import Options
 from stalwart.control import paused_queues
@@ -92,7 +92,10 @@ def collect_status(config: Options) -> Status:
     database = config.database
     now = database_now(database)
     status = Status(database_time=now)
-    for row in Process.objects.using(database).order_by("hostname", "supervisor", "id"):
+    rows = Process.objects.using(database).order_by(
+        "hostname", F("supervisor").asc(nulls_first=True), "id"
+    )
+    for row in rows:
         heartbeat_age = (now - row.last_heartbeat_at).total_seconds()
         status.processes.append(
             ProcessStatus(

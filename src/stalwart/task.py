@@ -24,7 +24,7 @@ from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
 from stalwart.exceptions import InvalidTaskArguments, TaskNotFound, TransactionLeftOpen
-from stalwart.serialization import dumps, normalize
+from stalwart.serialization import normalize
 
 # Failures a retry cannot cure: the same call would fail the same way again.
 NEVER_RETRIED = (InvalidTaskArguments, TaskNotFound, TransactionLeftOpen)
@@ -180,7 +180,13 @@ class StalwartTask(Task):
         if not self.unique:
             return None
         if self.unique is True:
-            material = dumps([self.module_path, args, kwargs])
+            # By parameter name, defaults filled in: f(1), f(x=1) and f(x=1, y=2) with y=2
+            # by default are one call; so are f(a=1, b=2) and f(b=2, a=1).
+            try:
+                named = _named_arguments(self, args, kwargs)
+            except TypeError:
+                named = {"args": args, "kwargs": kwargs}  # does not fit the signature: as given
+            material = json.dumps([self.module_path, named], sort_keys=True, separators=(",", ":"))
         else:
             material = f"{self.module_path}:{_apply(self.unique, args, kwargs, self, 'unique')}"
         return hashlib.sha256(material.encode()).hexdigest()

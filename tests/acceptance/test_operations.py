@@ -74,7 +74,7 @@ def test_check_names_each_broken_recurring_entry():
     )
     child = run("check", STALWART_RECURRING=recurring)
     assert child.process.returncode == 1
-    assert "error: stalwart.E004: TASKS['default']['OPTIONS']['recurring']['gone']:" in child.output
+    assert "error: TASKS['default']['OPTIONS']['recurring']['gone']:" in child.output
     assert "'fine'" not in child.output
 
 

@@ -258,3 +258,73 @@ def test_a_prune_racing_a_claim_still_releases_what_the_claim_took(pause_trigger
     assert [gone.id for gone in pruned] == [1]
     assert {released.id for released in pruned[0].released} == {job.id for job in claimed}
     assert not Job.objects.filter(status="running").exists()
+
+
+def test_a_reap_racing_a_claim_still_releases_what_the_claim_took(pause_trigger):
+    from stalwart.models import Process
+    from stalwart.processes.registry import remove_reaped_child
+
+    enqueue_many(tasks.noop, [Call() for _ in range(2)])
+    Process.objects.filter(pk=1).update(supervisor=99, pid=424242)
+    paused = ClaimThread(owner=1, limit=2, paused=True)
+    paused.start()
+    wait_until_paused(wait_for(lambda: paused.backend_pid, message="the claim to start"))
+    # The child was SIGKILLed mid-claim; the server commits the claim anyway. The reap must
+    # see what the claim took, however the two interleave.
+    gone: list = []
+    reaper = threading.Thread(
+        target=lambda: (
+            gone.extend(
+                remove_reaped_child(
+                    "default", supervisor=99, pid=424242, cause="died: it was killed by SIGKILL"
+                )
+            ),
+            connections.close_all(),
+        )
+    )
+    reaper.start()
+    reaper.join(0.5)
+    assert reaper.is_alive(), "the reap should wait for the claim to commit"
+    release(pause_trigger)
+    claimed = paused.result()
+    reaper.join(10)
+    assert not reaper.is_alive()
+    assert len(claimed) >= 1
+    assert {job.id for job in gone[0].released} == {job.id for job in claimed}
+    assert not Job.objects.filter(status="running").exists()
+
+
+def test_enqueueing_a_keyed_job_takes_no_lock_in_the_callers_transaction(vendor):
+    if vendor != "postgresql":
+        pytest.skip("SQLite's single writer serialises transactions anyway")
+    from django.db import transaction
+
+    from stalwart.models import Job
+
+    opened = threading.Event()
+    finish = threading.Event()
+
+    def long_transaction() -> None:
+        try:
+            with transaction.atomic():
+                tasks.one_at_a_time.enqueue("shared-key")
+                opened.set()
+                finish.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=long_transaction)
+    holder.start()
+    try:
+        assert opened.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # waiting on the holder would raise
+        other = tasks.one_at_a_time.enqueue("shared-key")
+        # Handing out the key's slots waits for nobody either.
+        assert Job.objects.get(pk=other.id).status == "ready"
+    finally:
+        finish.set()
+        holder.join(10)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert Job.objects.filter(concurrency_key__endswith=":shared-key").count() == 2

@@ -186,3 +186,14 @@ def shout_secret(secret: str) -> None:
 def returns_a_set() -> set:
     """Retrying cannot help: the return value never fits JSON."""
     return {1, 2}
+
+
+@task
+def raises_unstorable() -> None:
+    """Its error text holds a NUL and a lone surrogate, which databases refuse to store."""
+    raise ValueError("nul \x00 and " + b"\xff".decode("utf-8", "surrogateescape"))
+
+
+@stalwart.task(max_attempts=3, backoff=lambda failures: None)
+def broken_backoff() -> None:
+    raise ConnectionError("retry me, if you can")

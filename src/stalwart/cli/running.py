@@ -130,14 +130,15 @@ def _recycling_arguments(parser: argparse.ArgumentParser) -> None:
         type=whole(1, 10**12),
         metavar="N",
         help="Replace a worker process after it has run N jobs (supervise) or exit with "
-        "status 4 (work). Default: OPTIONS['workers'][0]['max_jobs'], else no limit.",
+        "status 4 (work). Default: each OPTIONS['workers'] entry's max_jobs, else no limit; "
+        "given to supervise, it makes the worker entries one, as --queues does.",
     )
     parser.add_argument(
         "--max-memory-mb",
         type=whole(1, 10**7),
         metavar="MB",
-        help="The same once a worker's resident memory exceeds MB megabytes. Default: "
-        "OPTIONS['workers'][0]['max_memory_mb'], else no limit.",
+        help="The same once a worker's resident memory exceeds MB megabytes. Default: each "
+        "OPTIONS['workers'] entry's max_memory_mb, else no limit.",
     )
 
 

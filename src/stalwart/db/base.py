@@ -56,6 +56,7 @@ INSERT_COLUMNS = (
     "worker_ids",
     "errors",
     "concurrency_key",
+    "concurrency_limit",
     "unique_key",
     "unique_while_running",
 )
@@ -78,6 +79,7 @@ class NewJob:
     enqueued_at: datetime
     max_attempts: int
     concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     unique_key: str | None = None
     unique_while_running: bool = False
 
@@ -169,12 +171,23 @@ def like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
-# A job may go back to waiting only if no twin (same unique key) is waiting already.
-_NO_WAITING_TWIN = """
-    AND (candidate.unique_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM stalwart_job AS twin
-        WHERE twin.unique_key = candidate.unique_key AND twin.id <> candidate.id
-          AND twin.status IN ('scheduled', 'blocked', 'ready')))"""
+# The states in which a job holds its unique key (the partial unique index's predicate).
+_HOLDS_UNIQUE_KEY = (
+    "({job}.status IN ('scheduled', 'blocked', 'ready') "
+    "OR ({job}.status = 'running' AND {job}.unique_while_running))"
+)
+# A job may go back to waiting only if no twin (same unique key) holds the key, and, of
+# several twins moved in one batch, only the first (smallest id) goes.
+_NO_WAITING_TWIN = f"""
+    AND (candidate.unique_key IS NULL OR (
+        NOT EXISTS (
+            SELECT 1 FROM stalwart_job AS twin
+            WHERE twin.unique_key = candidate.unique_key AND twin.id <> candidate.id
+              AND {_HOLDS_UNIQUE_KEY.format(job="twin")})
+        AND NOT EXISTS (
+            SELECT 1 FROM stalwart_job AS sibling
+            WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
+              AND sibling.status = candidate.status)))"""
 
 
 class Statements:
@@ -309,6 +322,38 @@ class Statements:
         )
         return cursor.fetchall()
 
+    def delete_child_processes(self, cursor: Any, *, supervisor: int, pid: int) -> list:
+        """Delete a reaped child's row(s); return (id, kind, name, pid, hostname) of each."""
+        cursor.execute(
+            "DELETE FROM stalwart_process WHERE supervisor = %s AND pid = %s "
+            "RETURNING id, kind, name, pid, hostname",
+            [supervisor, pid],
+        )
+        return sorted(cursor.fetchall())
+
+    def owned_running(self, cursor: Any, *, owner: int) -> list:
+        cursor.execute(
+            "SELECT id, attempt FROM stalwart_job WHERE status = 'running' AND owner = %s",
+            [owner],
+        )
+        pk = Job._meta.pk
+        return [
+            (pk.to_python(row[0]) if not isinstance(row[0], uuid.UUID) else row[0], row[1])
+            for row in cursor.fetchall()
+        ]
+
+    def take_write_lock(self, cursor: Any) -> None:
+        """Make the transaction a writer before it reads (SQLite: no read-then-upgrade)."""
+
+    def orphan_owners(self, cursor: Any) -> list[int]:
+        """Owners of running jobs that have no process row."""
+        cursor.execute(
+            "SELECT DISTINCT owner FROM stalwart_job WHERE status = 'running' "
+            "AND owner IS NOT NULL AND NOT EXISTS ("
+            "SELECT 1 FROM stalwart_process WHERE stalwart_process.id = stalwart_job.owner)"
+        )
+        return sorted(row[0] for row in cursor.fetchall())
+
     def delete_process_if_dead(self, cursor: Any, *, process_id: int, threshold: float) -> bool:
         """Delete the row only if it is still silent (compare-and-set); True if deleted."""
         cursor.execute(
@@ -387,20 +432,24 @@ class Statements:
         return self._unique_predicate
 
     @staticmethod
-    def unique_key_leaving(table: str) -> str:
-        """``unique_key = ...`` for a job leaving ``running``: dropped if a waiting twin exists.
+    def unique_key_leaving(table: str, new_status: str, sibling: str) -> str:
+        """``unique_key = ...`` for a job leaving ``running``.
 
-        A job unique only while waiting may have a twin enqueued while it runs; when it goes
-        back to waiting (a retry, a release), keeping its key would collide with the twin's.
-        The twin will do the work; this job keeps running its course, without the key.
+        A job unique only while waiting may have got a twin while it ran. If it now goes back
+        to waiting (a retry, a release) beside a twin that holds the key, it drops its key: the
+        twin will do the work, this job keeps its own course. ``sibling`` is SQL for "another
+        job leaving in this same statement with the same key and a smaller id": of several
+        twins leaving at once, only the first may keep the key. Finished jobs keep theirs.
         """
-        return (
-            f"unique_key = CASE WHEN {table}.unique_key IS NOT NULL AND EXISTS ("
-            "SELECT 1 FROM stalwart_job AS twin "
-            f"WHERE twin.unique_key = {table}.unique_key AND twin.id <> {table}.id "
-            "AND twin.status IN ('scheduled', 'blocked', 'ready')"
-            f") THEN NULL ELSE {table}.unique_key END"
-        )
+        return f"""unique_key = CASE
+            WHEN {table}.unique_key IS NOT NULL
+             AND {new_status} IN ('scheduled', 'blocked', 'ready')
+             AND (EXISTS (
+                     SELECT 1 FROM stalwart_job AS twin
+                     WHERE twin.unique_key = {table}.unique_key AND twin.id <> {table}.id
+                       AND {_HOLDS_UNIQUE_KEY.format(job="twin")})
+                  OR EXISTS ({sibling}))
+            THEN NULL ELSE {table}.unique_key END"""
 
     def insert_params(self, job: NewJob) -> list:
         return [
@@ -420,6 +469,7 @@ class Statements:
             "[]",
             "[]",
             job.concurrency_key,
+            job.concurrency_limit,
             job.unique_key,
             job.unique_while_running,
         ]
@@ -448,6 +498,16 @@ class Statements:
         row = cursor.fetchone()
         return 0 if row is None else row[0]
 
+    def job_limit(self, cursor: Any, *, key: str) -> int | None:
+        """The limit the key's newest waiting job was enqueued with (the task's, then)."""
+        cursor.execute(
+            "SELECT concurrency_limit FROM stalwart_job WHERE concurrency_key = %s "
+            "AND status = 'blocked' AND concurrency_limit IS NOT NULL ORDER BY id DESC LIMIT 1",
+            [key],
+        )
+        row = cursor.fetchone()
+        return None if row is None else row[0]
+
     def slot_holders(self, cursor: Any, *, key: str) -> int:
         cursor.execute(
             "SELECT count(*) FROM stalwart_job "
@@ -456,13 +516,17 @@ class Statements:
         )
         return cursor.fetchone()[0]
 
-    def unblock(self, cursor: Any, *, key: str, notify: bool) -> int:
+    def unblock(self, cursor: Any, *, key: str, notify: bool, limit: int | None = None) -> int:
         """Hand the key's free slots to its blocked jobs, most urgent first; return how many.
 
         Call inside a transaction: the key's row stays locked until it ends.
         """
-        limit = self.lock_concurrency_key(cursor, key=key, limit=None)
-        free = limit - self.slot_holders(cursor, key=key)
+        stored = self.lock_concurrency_key(cursor, key=key, limit=limit)
+        if not stored:  # no row yet: the limit its jobs were enqueued with
+            stored = self.lock_concurrency_key(
+                cursor, key=key, limit=self.job_limit(cursor, key=key) or 0
+            )
+        free = stored - self.slot_holders(cursor, key=key)
         if free <= 0:
             return 0
         cursor.execute(

@@ -15,9 +15,20 @@ from stalwart.queues import QueuePattern
 
 CHANNEL = "stalwart"
 SMALL_INSERT = 20  # rows up to which an insert sends VALUES rather than arrays
+# Another job released in the same statement with the same unique key and a smaller id.
+_SIBLING_IN_MINE = """
+    SELECT 1 FROM mine AS other_mine JOIN stalwart_job AS other ON other.id = other_mine.id
+    WHERE other.unique_key = job.unique_key AND other.id < job.id"""
+_SIBLING_IN_HELD = """
+    SELECT 1 FROM held AS other_held JOIN stalwart_job AS other ON other.id = other_held.id
+    WHERE other.unique_key = job.unique_key AND other.id < job.id"""
+_STATUS_AFTER_DEATH = (
+    "CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts THEN 'failed' "
+    "ELSE 'ready' END"
+)
 _VALUES_ROW = (
     "(%s::uuid, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::timestamptz, %s::timestamptz, "
-    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb, %s, %s, %s)"
+    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb, %s, %s::integer, %s, %s)"
 )
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
@@ -49,6 +60,7 @@ class PostgreSQLStatements(Statements):
                         job.enqueued_at,
                         job.max_attempts,
                         job.concurrency_key,
+                        job.concurrency_limit,
                         job.unique_key,
                         job.unique_while_running,
                     )
@@ -69,26 +81,28 @@ class PostgreSQLStatements(Statements):
                 [job.enqueued_at for job in jobs],
                 [job.max_attempts for job in jobs],
                 [job.concurrency_key for job in jobs],
+                [job.concurrency_limit for job in jobs],
                 [job.unique_key for job in jobs],
                 [job.unique_while_running for job in jobs],
             ]
             source = """
                 SELECT id, task_path, backend, queue_name, priority, status, args::jsonb,
                        kwargs::jsonb, run_after, available_at, enqueued_at, max_attempts, 0,
-                       '[]'::jsonb, '[]'::jsonb, concurrency_key, unique_key,
+                       '[]'::jsonb, '[]'::jsonb, concurrency_key, concurrency_limit, unique_key,
                        unique_while_running
                 FROM unnest(
                     %s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::text[],
                     %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
-                    %s::timestamptz[], %s::integer[], %s::text[], %s::text[], %s::boolean[]
+                    %s::timestamptz[], %s::integer[], %s::text[], %s::integer[], %s::text[],
+                    %s::boolean[]
                 ) AS row(id, task_path, backend, queue_name, priority, status, args, kwargs,
                          run_after, available_at, enqueued_at, max_attempts, concurrency_key,
-                         unique_key, unique_while_running)"""
+                         concurrency_limit, unique_key, unique_while_running)"""
         insert = f"""
             INSERT INTO stalwart_job (
                 id, task_path, backend, queue_name, priority, status, args, kwargs,
                 run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids, errors,
-                concurrency_key, unique_key, unique_while_running
+                concurrency_key, concurrency_limit, unique_key, unique_while_running
             ) {source}"""
         ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
         if not (notify and ready_queues):
@@ -147,8 +161,19 @@ class PostgreSQLStatements(Statements):
     def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
         # Outcomes go in id order, so concurrent writers lock rows in one order.
         outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
+        sibling = """
+            SELECT 1 FROM outcome AS other_outcome
+            JOIN stalwart_job AS other ON other.id = other_outcome.id
+            WHERE other.unique_key = job.unique_key AND other.id < job.id
+              AND other_outcome.status IN ('scheduled', 'blocked', 'ready')"""
         cursor.execute(
             f"""
+            WITH outcome AS MATERIALIZED (
+                SELECT * FROM unnest(
+                    %s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[],
+                    %s::timestamptz[]
+                ) AS o(id, attempt, status, return_value, errors, available_at)
+            )
             UPDATE stalwart_job AS job
             SET status = outcome.status,
                 owner = NULL,
@@ -157,10 +182,8 @@ class PostgreSQLStatements(Statements):
                 available_at = COALESCE(outcome.available_at, job.available_at),
                 return_value = outcome.return_value::jsonb,
                 errors = COALESCE(outcome.errors::jsonb, job.errors),
-                {self.unique_key_leaving("job")}
-            FROM unnest(
-                %s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[], %s::timestamptz[]
-            ) AS outcome(id, attempt, status, return_value, errors, available_at)
+                {self.unique_key_leaving("job", "outcome.status", sibling)}
+            FROM outcome
             WHERE job.id = outcome.id
               AND job.status = 'running' AND job.owner = %s AND job.attempt = outcome.attempt
             RETURNING job.id, job.finished_at
@@ -189,7 +212,8 @@ class PostgreSQLStatements(Statements):
             ),
             released AS (
                 UPDATE stalwart_job AS job
-                SET status = 'ready', owner = NULL, {self.unique_key_leaving("job")}
+                SET status = 'ready', owner = NULL,
+                    {self.unique_key_leaving("job", "'ready'", _SIBLING_IN_MINE)}
                 FROM mine WHERE job.id = mine.id AND job.status = 'running' AND job.owner = %s
                 RETURNING job.id, job.queue_name
             ),
@@ -221,7 +245,7 @@ class PostgreSQLStatements(Statements):
                     finished_at = CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts
                                        THEN now() END,
                     owner = NULL,
-                    {self.unique_key_leaving("job")},
+                    {self.unique_key_leaving("job", _STATUS_AFTER_DEATH, _SIBLING_IN_HELD)},
                     errors = job.errors || jsonb_build_array(jsonb_build_object(
                         'exception_class_path', %s::text, 'traceback', %s::text))
                 FROM held

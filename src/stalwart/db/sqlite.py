@@ -18,6 +18,10 @@ from stalwart.db.base import CLAIM_COLUMNS, ClaimedJob, Outcome, Released, State
 from stalwart.queues import QueuePattern
 
 _RETURNING = ", ".join(CLAIM_COLUMNS)
+_NO_SIBLING = "SELECT 1 WHERE 0"  # statements here move one job at a time
+_STATUS_AFTER_DEATH = (
+    "CASE WHEN json_array_length(errors) + 1 >= max_attempts THEN 'failed' ELSE 'ready' END"
+)
 
 
 class SQLiteStatements(Statements):
@@ -70,7 +74,7 @@ class SQLiteStatements(Statements):
                 SET status = %s, owner = NULL, finished_at = %s,
                     available_at = COALESCE(%s, available_at),
                     return_value = %s, errors = COALESCE(%s, errors),
-                    {self.unique_key_leaving("stalwart_job")}
+                    {self.unique_key_leaving("stalwart_job", "%s", _NO_SIBLING)}
                 WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
                 RETURNING finished_at
                 """,
@@ -80,6 +84,7 @@ class SQLiteStatements(Statements):
                     self.datetime_param(outcome.available_at),
                     outcome.return_value,
                     outcome.errors,
+                    outcome.status,
                     self.uuid_param(outcome.id),
                     owner,
                     outcome.attempt,
@@ -100,7 +105,8 @@ class SQLiteStatements(Statements):
             cursor.execute(
                 f"""
                 UPDATE stalwart_job
-                SET status = 'ready', owner = NULL, {self.unique_key_leaving("stalwart_job")}
+                SET status = 'ready', owner = NULL,
+                    {self.unique_key_leaving("stalwart_job", "'ready'", _NO_SIBLING)}
                 WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
                 """,
                 [self.uuid_param(job_id), owner, attempt],
@@ -112,27 +118,37 @@ class SQLiteStatements(Statements):
     def release_owner(
         self, cursor: Any, *, owner: int, error_class: str, error_text: str
     ) -> list[Released]:
-        error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
+        # A write first (it takes the write lock and lists the jobs), then one statement per
+        # job, so each sees the ones before it: twins released together never collide.
         cursor.execute(
-            f"""
-            UPDATE stalwart_job
-            SET status = CASE WHEN json_array_length(errors) + 1 >= max_attempts
-                              THEN 'failed' ELSE 'ready' END,
-                finished_at = CASE WHEN json_array_length(errors) + 1 >= max_attempts
-                                   THEN %s END,
-                owner = NULL,
-                {self.unique_key_leaving("stalwart_job")},
-                errors = json_insert(errors, '$[#]', json(%s))
-            WHERE status = 'running' AND owner = %s
-            RETURNING id, status, queue_name, concurrency_key
-            """,
-            [self.now_param(), error, owner],
+            "UPDATE stalwart_job SET owner = owner WHERE status = 'running' AND owner = %s "
+            "RETURNING id",
+            [owner],
         )
+        ids = sorted(row[0] for row in cursor.fetchall())
+        error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
+        now = self.now_param()
+        released = []
         pk = self.connection.ops.convert_uuidfield_value
-        return [
-            Released(pk(row[0], None, self.connection), row[1], row[2], row[3])
-            for row in cursor.fetchall()
-        ]
+        for job_id in ids:
+            cursor.execute(
+                f"""
+                UPDATE stalwart_job
+                SET status = {_STATUS_AFTER_DEATH},
+                    finished_at = CASE WHEN json_array_length(errors) + 1 >= max_attempts
+                                       THEN %s END,
+                    owner = NULL,
+                    {self.unique_key_leaving("stalwart_job", _STATUS_AFTER_DEATH, _NO_SIBLING)},
+                    errors = json_insert(errors, '$[#]', json(%s))
+                WHERE id = %s AND status = 'running' AND owner = %s
+                RETURNING id, status, queue_name, concurrency_key
+                """,
+                [now, error, job_id, owner],
+            )
+            row = cursor.fetchone()
+            if row is not None:
+                released.append(Released(pk(row[0], None, self.connection), *row[1:]))
+        return released
 
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
         # Jobs with a concurrency key wait for a slot (blocked); the others are ready.
@@ -186,3 +202,8 @@ class SQLiteStatements(Statements):
             ],
         )
         return cursor.rowcount == 1
+
+    def take_write_lock(self, cursor: Any) -> None:
+        # A write that changes nothing still begins a write transaction: the lock is ours
+        # before anything is read, so a later write never has to upgrade a stale read.
+        cursor.execute("UPDATE stalwart_lease SET name = name WHERE 0")

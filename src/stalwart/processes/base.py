@@ -17,15 +17,10 @@ from django.db import DatabaseError, connections
 
 from stalwart import events
 from stalwart.conf import Options
+from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
 from stalwart.processes.heartbeat import Heartbeat
 from stalwart.processes.registry import Registration, process_name
 from stalwart.processes.wakeup import Waker
-
-# Exit statuses a supervisor tells apart.
-EXIT_OK = 0
-EXIT_FENCED = 3  # our row was pruned, or heartbeats failed too long: we stopped on our own
-EXIT_RECYCLE = 4  # memory or job-count limit reached: replace me
-EXIT_CRASHED = 1  # an unexpected error ended the main loop
 
 
 class Role:
@@ -155,6 +150,7 @@ class Role:
                 except DatabaseError as error:
                     # Left behind, the row is pruned once its heartbeat is old enough.
                     events.emit("deregister_failed", process=self.name, error=str(error))
+            self.final_release()
             connections.close_all()  # this thread's; forked children must not keep them either
             events.emit(
                 "process_stopped",
@@ -170,6 +166,9 @@ class Role:
 
     def after_heartbeat(self) -> None:
         """Called in the heartbeat thread after each successful beat."""
+
+    def final_release(self) -> None:
+        """Give back anything still held; the last writes before the process ends."""
 
     def on_parent_gone(self) -> None:
         """Our supervisor died: stop gracefully, as if it had sent TERM."""

@@ -14,7 +14,7 @@ from stalwart import events, leases
 from stalwart.conf import Options
 from stalwart.control import delete_expired_jobs
 from stalwart.jobs import JobStore
-from stalwart.processes.registry import prune_under_lease
+from stalwart.processes.registry import prune_under_lease, release_orphans
 
 RETENTION_LEASE = "stalwart.retention"
 RETENTION_INTERVAL = 60.0  # seconds between retention passes in the whole cluster
@@ -40,6 +40,7 @@ class Chores:
                 interval=self.config.heartbeat_interval,
                 exclude=exclude,
             )
+            release_orphans(self.config.database)
             self.store.unblock_all()
         if now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL

@@ -25,6 +25,7 @@ _PR_SET_PDEATHSIG = 1
 # Connections inherited from the parent, kept referenced so they are never finalised in the
 # child: finalising would tell the server to end a session the parent still uses.
 _inherited: list[object] = []
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGCHLD}
 # Stop signals that arrived after the fork but before the role installed its handlers.
 _early_signals: list[int] = []
 
@@ -64,8 +65,12 @@ def fork_child(run: Callable[[], int]) -> int:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     parent = os.getpid()
+    # Stop signals wait (blocked) across the fork: in the child they must reach the child's
+    # own handlers, never the parent's inherited ones.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     pid = os.fork()
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return pid
     status = EXIT_CRASHED
     try:
@@ -74,6 +79,7 @@ def fork_child(run: Callable[[], int]) -> int:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(signum, _remember_signal)  # until the role installs its own
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the line above took effect
             os._exit(0)

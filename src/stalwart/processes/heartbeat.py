@@ -1,5 +1,17 @@
-"""The heartbeat thread: proves a process alive, and notices when it has been declared dead."""
+"""The heartbeat: proves a process alive, and makes it stop before others take it for dead.
 
+Every ``interval`` seconds the heartbeat thread touches our row (database clock). If the row
+is gone we were pruned: the process is fenced at once. A second thread watches the time since
+the last successful beat on the host's monotonic clock, without waiting on the database (a
+beat may hang on a dead connection): past ``soft`` seconds the process is fenced (it stops
+claiming and exits); past ``hard`` seconds, still alive, it ends at once with ``os._exit``.
+Both come before ``threshold``, when pruners would give its jobs to others: a job never runs
+here and elsewhere at once for lack of a heartbeat.
+"""
+
+import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -9,17 +21,18 @@ from django.db import DatabaseError, connections
 
 from stalwart import events
 from stalwart.db.retry import reset_if_broken
+from stalwart.processes.exits import EXIT_FENCED
 from stalwart.processes.registry import Registration
 
 
+def fence_deadlines(interval: float, threshold: float) -> tuple[float, float]:
+    """Seconds without a successful beat after which to fence softly, then to exit at once."""
+    hard = threshold - interval / 2
+    soft = max(hard - interval, interval)
+    return soft, hard
+
+
 class Heartbeat(threading.Thread):
-    """Every ``interval`` seconds, touch our row (database clock) with fresh metadata.
-
-    If the row is gone we were pruned as dead: ``on_fenced`` is called and the beating stops.
-    If heartbeats keep failing for longer than ``threshold`` (host monotonic clock), others
-    will soon take us for dead, so we fence ourselves the same way.
-    """
-
     def __init__(
         self,
         registration: Registration,
@@ -37,7 +50,13 @@ class Heartbeat(threading.Thread):
         self.metadata = metadata
         self.on_fenced = on_fenced
         self.after_beat = after_beat
+        self.last_success = time.monotonic()
         self._stop_event = threading.Event()
+        self._watch = threading.Thread(target=self._guard, name="stalwart-fence", daemon=True)
+
+    def start(self) -> None:
+        super().start()
+        self._watch.start()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -49,7 +68,6 @@ class Heartbeat(threading.Thread):
             connections.close_all()  # this thread's own connection
 
     def _beat(self) -> None:
-        last_success = time.monotonic()
         while not self._stop_event.wait(self.interval):
             try:
                 alive = self.registration.heartbeat(self.metadata())
@@ -60,14 +78,28 @@ class Heartbeat(threading.Thread):
                     error=f"{type(error).__name__}: {error}",
                 )
                 reset_if_broken(self.registration.database)
-                failing_for = time.monotonic() - last_success
-                if failing_for > self.threshold:
-                    self.on_fenced(f"heartbeats have failed for {failing_for:.0f} s")
-                    return
                 continue
             if not alive:
                 self.on_fenced("its process row is gone (pruned as dead)")
                 return
-            last_success = time.monotonic()
+            self.last_success = time.monotonic()
             if self.after_beat is not None:
                 self.after_beat()
+
+    def _guard(self) -> None:
+        soft, hard = fence_deadlines(self.interval, self.threshold)
+        fenced = False
+        while not self._stop_event.wait(min(self.interval / 4, 0.5)):
+            silent_for = time.monotonic() - self.last_success
+            if silent_for > hard:
+                events.emit(
+                    "process_fenced",
+                    process=self.registration.name,
+                    reason=f"no heartbeat for {silent_for:.0f} s: exiting at once",
+                )
+                logging.shutdown()
+                sys.stderr.flush()
+                os._exit(EXIT_FENCED)
+            if silent_for > soft and not fenced:
+                fenced = True
+                self.on_fenced(f"no successful heartbeat for {silent_for:.0f} s")

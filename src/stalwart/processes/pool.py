@@ -24,7 +24,9 @@ class JobPool:
         run: Callable[[ClaimedJob], Finished],
         on_finished: Callable[[], None],
         name: str = "stalwart-job",
+        crashed: Callable[[ClaimedJob, BaseException], Finished] | None = None,
     ) -> None:
+        self._crashed = crashed
         self.size = size
         self._run = run
         self._on_finished = on_finished
@@ -86,6 +88,9 @@ class JobPool:
                 self._finished.append(self._run(job))
             except BaseException as error:  # noqa: BLE001 - the thread must survive to count down
                 events.emit("job_runner_crashed", job=job.id, error=repr(error))
+                if self._crashed is not None:
+                    # Still an outcome: the job must not stay held for ever.
+                    self._finished.append(self._crashed(job, error))
             with self._lock:
                 self._busy -= 1
             self._on_finished()

@@ -107,12 +107,12 @@ def prune_dead_processes(
     act on one process. ``exclude`` (the caller itself) is never pruned.
     """
     statements = JobStore(database).statements
-    with connections[database].cursor() as cursor:
-        candidates = retry_transient(
-            database,
-            lambda: statements.dead_processes(cursor, threshold=threshold, exclude=exclude),
-            what="find dead processes",
-        )
+
+    def find() -> list:
+        with connections[database].cursor() as cursor:
+            return statements.dead_processes(cursor, threshold=threshold, exclude=exclude)
+
+    candidates = retry_transient(database, find, what="find dead processes")
     pruned = []
     for process_id, kind, name, pid, hostname, _supervisor in candidates:
 
@@ -153,11 +153,9 @@ def remove_reaped_child(
     def remove() -> list[GoneProcess]:
         gone = []
         with transaction.atomic(using=database), connections[database].cursor() as cursor:
-            rows = list(
-                Process.objects.using(database)
-                .filter(supervisor=supervisor, pid=pid)
-                .values_list("id", "kind", "name", "pid", "hostname")
-            )
+            # Delete first: the delete waits for any claim of the child's still committing
+            # (claims share-lock their process row), so the release below sees its jobs.
+            rows = statements.delete_child_processes(cursor, supervisor=supervisor, pid=pid)
             for process_id, kind, name, child_pid, hostname in rows:
                 released = statements.release_owner(
                     cursor,
@@ -166,7 +164,6 @@ def remove_reaped_child(
                     error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
                 )
                 hand_on_slots(statements, cursor, released)
-                Process.objects.using(database).filter(id=process_id).delete()
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone
 
@@ -204,3 +201,32 @@ def prune_under_lease(
     for gone in pruned:
         report_pruned(gone)
     return pruned
+
+
+def release_orphans(database: str) -> list[Released]:
+    """Take back running jobs whose owner has no process row any more.
+
+    Nothing should leave such jobs (a process deregisters only once it holds nothing), but if
+    something does, this sweep is the guarantee that no job stays running for ever. An owner
+    id never comes back (process ids are never reused), so the sweep cannot race a claim.
+    """
+    statements = JobStore(database).statements
+
+    def sweep() -> list[Released]:
+        with transaction.atomic(using=database), connections[database].cursor() as cursor:
+            statements.take_write_lock(cursor)
+            released: list[Released] = []
+            for owner in statements.orphan_owners(cursor):
+                released += statements.release_owner(
+                    cursor,
+                    owner=owner,
+                    error_class=PROCESS_DIED,
+                    error_text=f"The process (row {owner}) that held this job is gone.",
+                )
+            hand_on_slots(statements, cursor, released)
+            return released
+
+    released = retry_transient(database, sweep, what="release orphaned jobs", conflicts=True)
+    if released:
+        events.emit("orphans_released", count=len(released))
+    return released

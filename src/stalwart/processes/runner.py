@@ -5,6 +5,7 @@ leave a transaction open, kill its connection), the result is an ``Outcome`` for
 write and a thread whose connections are fit for the next job.
 """
 
+import math
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,6 +18,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_started
 from django.utils import timezone
 
+from stalwart import events
 from stalwart.db import ClaimedJob, Outcome
 from stalwart.exceptions import TransactionLeftOpen
 from stalwart.models import JobStatus
@@ -39,11 +41,20 @@ class Finished:
     retry_in: float | None = None  # seconds until the next attempt, when one is scheduled
 
 
+def storable(text: str) -> str:
+    """Text every database can store: NUL and lone surrogates written as escapes."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_for(exception: BaseException) -> TaskError:
     kind = type(exception)
+    try:
+        text = "".join(format_exception(exception))
+    except Exception as failure:  # noqa: BLE001 - a broken __str__ must not lose the error
+        text = f"{kind.__qualname__} (its traceback could not be formatted: {failure!r})"
     return TaskError(
-        exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-        traceback="".join(format_exception(exception)),
+        exception_class_path=storable(f"{kind.__module__}.{kind.__qualname__}"),
+        traceback=storable(text),
     )
 
 
@@ -61,12 +72,20 @@ def failure_outcome(
     Every failed attempt (a worker's death included) counts towards ``max_attempts``.
     """
     errors = [*task_errors(job.errors), error]
+    delay = None
     if (
         isinstance(task, StalwartTask)
         and task.should_retry(exception)
         and len(errors) < job.max_attempts
     ):
-        delay = task.retry_delay(len(errors))
+        try:
+            delay = task.retry_delay(len(errors))
+            if not math.isfinite(delay) or delay < 0:
+                raise ValueError(f"backoff returned {delay!r}")
+        except Exception as failure:  # noqa: BLE001 - a broken backoff ends the retries
+            events.emit("backoff_failed", job=job.id, task=job.task_path, error=repr(failure))
+            delay = None
+    if delay is not None:
         return (
             Outcome(
                 id=job.id,
@@ -102,6 +121,18 @@ def _failed(
         error=error,
         retry_in=retry_in,
     )
+
+
+def crashed_attempt(job: ClaimedJob, exception: BaseException) -> Finished:
+    """The outcome of an attempt whose running itself broke (not the task): failed for good."""
+    error = error_for(exception)
+    outcome = Outcome(
+        id=job.id,
+        attempt=job.attempt,
+        status=JobStatus.FAILED,
+        errors=encode_errors([*task_errors(job.errors), error]),
+    )
+    return Finished(job=job, outcome=outcome, result=None, duration=0.0, error=error)
 
 
 def run_job(job: ClaimedJob, sender: type) -> Finished:

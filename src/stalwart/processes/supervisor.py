@@ -28,6 +28,9 @@ from stalwart.processes.registry import prune_under_lease, remove_reaped_child
 # How long a child must live for its next death to count as a fresh start, not a crash loop.
 HEALTHY_LIFETIME = 30.0
 MAX_RESTART_DELAY = 30.0
+# A child recycled sooner than this (say, max_memory_mb below its size at start) is restarted
+# with backoff like a crash, not in a tight loop.
+MIN_RECYCLE_LIFETIME = 5.0
 # Extra time children get past the shutdown timeout to release their jobs and deregister.
 SHUTDOWN_GRACE = 5.0
 
@@ -44,6 +47,7 @@ class ChildSlot:
     quick_deaths: int = 0
     restart_at: float = 0.0
     restart_delay: float = 0.0
+    last_pid: int | None = None
     history: list[str] = field(default_factory=list)
 
     @property
@@ -195,9 +199,11 @@ class Supervisor(Role):
                 self.database, supervisor=self.registration.id, pid=pid, cause=f"died: it {how}"
             )
         except DatabaseError as error:
-            if not is_transient(error):
-                raise
-            return False
+            if is_transient(error):
+                return False  # the child is dead for sure: try again later
+            # Give up here; the child's row stays and is pruned (its jobs released) later.
+            events.emit("cleanup_failed", pid=pid, error=f"{type(error).__name__}: {error}")
+            return True
         released = [job for process in gone for job in process.released]
         events.emit(
             "child_exited" if expected else "process_exited",
@@ -227,10 +233,15 @@ class Supervisor(Role):
         if slot is None:
             return
         lived = time.monotonic() - slot.started_at
+        slot.last_pid = slot.pid
         slot.pid = None
         if self.stop_requested:
             return
-        if code in (0, EXIT_RECYCLE) or lived >= HEALTHY_LIFETIME:
+        if (
+            code == 0
+            or lived >= HEALTHY_LIFETIME
+            or (code == EXIT_RECYCLE and lived >= MIN_RECYCLE_LIFETIME)
+        ):
             slot.quick_deaths = 0
             delay = 0.0
         else:
@@ -244,8 +255,11 @@ class Supervisor(Role):
         if self.stop_requested:
             return
         now = time.monotonic()
+        # A dead child's clean-up goes by (supervisor, pid): no new child until it is done,
+        # so a reused pid can never be taken for the dead one.
+        pending = {entry[0] for entry in self._pending_clean_ups}
         for slot in self.slots:
-            if slot.pid is None and now >= slot.restart_at:
+            if slot.pid is None and now >= slot.restart_at and slot.last_pid not in pending:
                 self._start(slot)
                 events.emit(
                     "process_replaced",

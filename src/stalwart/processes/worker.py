@@ -18,14 +18,20 @@ from stalwart.conf import Options, WorkerOptions
 from stalwart.control import paused_queues
 from stalwart.db import ClaimedJob
 from stalwart.db.errors import is_transient
-from stalwart.exceptions import JobTimedOut
+from stalwart.exceptions import JobTimedOut, OutcomeNotStored
 from stalwart.jobs import JobStore
 from stalwart.models import JobStatus
 from stalwart.processes.base import EXIT_CRASHED, EXIT_RECYCLE, Role
 from stalwart.processes.chores import Chores
 from stalwart.processes.listener import Listener
 from stalwart.processes.pool import JobPool
-from stalwart.processes.runner import Finished, error_for, failure_outcome, run_job
+from stalwart.processes.runner import (
+    Finished,
+    crashed_attempt,
+    error_for,
+    failure_outcome,
+    run_job,
+)
 from stalwart.resolution import resolve_task
 
 PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
@@ -61,7 +67,7 @@ class Worker(Role):
         self.promote_scheduled = promote_scheduled
         self.chores = Chores(config, holder=self.name) if do_chores else None
         self.stop_when_empty = stop_when_empty
-        self.pool = JobPool(worker.threads, self._run_job, self.waker.wake)
+        self.pool = JobPool(worker.threads, self._run_job, self.waker.wake, crashed=crashed_attempt)
         self.held: dict[Any, ClaimedJob] = {}  # claimed by us and not yet written
         self.jobs_done = 0
         self.abandoned_threads = False
@@ -69,6 +75,7 @@ class Worker(Role):
         self._unwritten: list[Finished] = []
         self._next_promotion = 0.0
         self._paused: list[str] = []
+        self._next_reconcile = 0.0
         self._next_memory_check = 0.0
         self._next_pause_check = 0.0
         self.deadlines: dict[Any, tuple[float, float]] = {}  # job id -> (deadline, timeout)
@@ -138,7 +145,12 @@ class Worker(Role):
         now = time.monotonic()
         if self.promote_scheduled and now >= self._next_promotion:
             self.store.promote_due()
+            if self.chores is None:
+                self.store.unblock_all()  # no dispatcher sweeps for us
             self._next_promotion = now + PROMOTE_INTERVAL
+        if now >= self._next_reconcile:
+            self._next_reconcile = now + self.config.heartbeat_interval
+            self._reconcile()
         if self.chores is not None:
             self.chores.run_due(exclude=self.registration.id)
         if self._recycle_due() or self._check_timeouts():
@@ -183,6 +195,21 @@ class Worker(Role):
             self.selector.serves(name) and name not in self._paused
             for name in pending.values_list("queue_name", flat=True).distinct()
         )
+
+    def _reconcile(self) -> None:
+        """Give back running jobs the database says are ours but we do not hold.
+
+        A claim can commit while its answer is lost (a dropped connection, a retry after a
+        timeout); without this such jobs would stay running for as long as we live.
+        """
+        unknown = [
+            (job_id, attempt)
+            for job_id, attempt in self.store.owned_running(owner=self.registration.id)
+            if job_id not in self.held
+        ]
+        if unknown:
+            released = self.store.release(owner=self.registration.id, jobs=unknown)
+            events.emit("jobs_reconciled", process=self.name, count=len(released))
 
     def _check_timeouts(self) -> bool:
         """Note attempts past their timeout; True if this process must now be replaced."""
@@ -236,15 +263,12 @@ class Worker(Role):
         if not finished:
             return
         self._unwritten = finished  # kept until written, should the write fail
-        written = self.store.finish(
-            owner=self.registration.id,
-            outcomes=[item.outcome for item in finished],
-            free_keys=[
-                item.job.concurrency_key
-                for item in finished
-                if item.job.concurrency_key is not None
-            ],
-        )
+        try:
+            written = self._write(finished)
+        except DatabaseError as error:
+            if is_transient(error):
+                raise  # kept in _unwritten: the next flush tries again
+            written = self._write_one_by_one(finished)
         self._unwritten = []
         for item in finished:
             self.held.pop(item.job.id, None)
@@ -261,6 +285,38 @@ class Worker(Role):
                 )
                 continue
             self._report(item, written[item.job.id])
+
+    def _write(self, finished: list[Finished]) -> dict:
+        return self.store.finish(
+            owner=self.registration.id,
+            outcomes=[item.outcome for item in finished],
+            free_keys=[
+                item.job.concurrency_key
+                for item in finished
+                if item.job.concurrency_key is not None
+            ],
+        )
+
+    def _write_one_by_one(self, finished: list[Finished]) -> dict:
+        """The batch was refused: write each outcome alone; one the database will not take
+        becomes a failure that says why, so a bad outcome never blocks the others."""
+        written: dict = {}
+        for index, item in enumerate(finished):
+            try:
+                written.update(self._write([item]))
+            except DatabaseError as error:
+                if is_transient(error):
+                    raise
+                events.emit(
+                    "outcome_not_stored",
+                    job=item.job.id,
+                    task=item.job.task_path,
+                    error=f"{type(error).__name__}: {error}",
+                )
+                replacement = crashed_attempt(item.job, OutcomeNotStored(str(error)))
+                finished[index] = replacement
+                written.update(self._write([replacement]))
+        return written
 
     def _report(self, item: Finished, finished_at: Any) -> None:
         outcome, result = item.outcome, item.result
@@ -329,48 +385,70 @@ class Worker(Role):
     # -- stopping ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Let running jobs finish within the shutdown timeout; release what is still running."""
+        """Let running jobs finish within the shutdown timeout (jobs past their own timeout
+        will not: their threads are stuck). What is still held is given back by
+        ``final_release``, the last thing the process does before it ends."""
         events.emit(
             "process_stopping", process=self.name, running=self.pool.busy, immediate=self.immediate
         )
         deadline = time.monotonic() + self.config.shutdown_timeout
-        # Threads stuck past their job's timeout will not finish: do not wait for them.
-        while self.pool.busy > len(self.timed_out) and not self.immediate:
+        while not self.immediate and self.fenced_reason is None:
+            self._flush_at_stop()
+            # Held and not yet written (just flushed): queued or running in a thread.
+            still_running = set(self.held) - set(self.timed_out)
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if not still_running or remaining <= 0:
                 break
             self._show_state()
             self.waker.wait(min(remaining, 1.0))
-            self.flush()
         if self.fenced_reason is None:
-            try:
-                self.flush()
-                self._write_timeouts()
-            except DatabaseError as error:
-                events.emit("finish_failed", process=self.name, error=str(error))
+            self._flush_at_stop()
         if self._listener is not None:
             self._listener.stop()
             self._listener.join(2.0)
-        leftover = [(job.id, job.attempt) for job in self.held.values()]
         if self.pool.busy:
-            # These threads are still running: the caller must end the process right after
-            # this (os._exit), so that released jobs never run here and elsewhere at once.
+            # These threads are still running: the process must end right after it gives
+            # their jobs back (os._exit), so they never run here and elsewhere at once.
             self.abandoned_threads = True
-        if leftover and self.fenced_reason is None:
-            try:
-                released = self.store.release(owner=self.registration.id, jobs=leftover)
-            except DatabaseError as error:
-                # Left running, they are released when this process is pruned as dead.
-                events.emit(
-                    "release_failed", process=self.name, count=len(leftover), error=str(error)
-                )
-                released = []
-            if released:
-                events.emit(
-                    "jobs_released",
-                    process=self.name,
-                    count=len(released),
-                    reason="immediate stop" if self.immediate else "shutdown timeout",
-                )
-        self.held.clear()
         self.pool.stop(wait=False)
+
+    def _flush_at_stop(self) -> None:
+        try:
+            self.flush()
+        except Exception as error:  # noqa: BLE001 - kept in _unwritten; the release follows
+            events.emit(
+                "finish_failed", process=self.name, error=f"{type(error).__name__}: {error}"
+            )
+
+    def final_release(self) -> None:
+        """Write the timed-out attempts and give back what is still held: after deregistering,
+        as the very last writes before the process ends (nothing of ours runs after them)."""
+        if self.fenced_reason is not None or not self.held:
+            return
+        try:
+            self._write_timeouts()
+        except Exception as error:  # noqa: BLE001 - what is not written is released below
+            events.emit(
+                "finish_failed", process=self.name, error=f"{type(error).__name__}: {error}"
+            )
+        leftover = [(job.id, job.attempt) for job in self.held.values()]
+        if not leftover:
+            return
+        try:
+            released = self.store.release(owner=self.registration.id, jobs=leftover)
+        except Exception as error:  # noqa: BLE001 - the orphan sweep takes them back later
+            events.emit(
+                "release_failed",
+                process=self.name,
+                count=len(leftover),
+                error=f"{type(error).__name__}: {error}",
+            )
+            return
+        if released:
+            events.emit(
+                "jobs_released",
+                process=self.name,
+                count=len(released),
+                reason="immediate stop" if self.immediate else "shutdown timeout",
+            )
+        self.held.clear()
