@@ -93,6 +93,7 @@ def test_a_claim_the_worker_lost_track_of_is_given_back_and_run():
     worker = make_worker(threads=1)
     with worker_thread(worker):
         control.pause("lost")  # so the worker cannot claim it the ordinary way first
+        wait_for(lambda: "lost" in worker._paused, message="the worker to honour the pause")
         result = tasks.add.using(queue_name="lost").enqueue(20, 22)
         # As if a claim had committed but its answer never reached the worker.
         Job.objects.filter(pk=result.id).update(
