@@ -82,7 +82,6 @@ def system_check_warnings() -> list[str]:
         for message in checks.run_checks(include_deployment_checks=False)
         if not message.is_serious()
         and not message.is_silenced()
-        and message.id != "stalwart.W004"  # reported as an error by 'queue check'
     ]
 
 

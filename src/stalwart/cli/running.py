@@ -130,15 +130,16 @@ def _recycling_arguments(parser: argparse.ArgumentParser) -> None:
         type=whole(1, 10**12),
         metavar="N",
         help="Replace a worker process after it has run N jobs (supervise) or exit with "
-        "status 4 (work). Default: each OPTIONS['workers'] entry's max_jobs, else no limit; "
-        "given to supervise, it makes the worker entries one, as --queues does.",
+        "status 4 (work). Default: max_jobs of OPTIONS['workers'] (its first entry for "
+        "work), else no limit; given to supervise, it makes the worker entries one, as "
+        "--queues does.",
     )
     parser.add_argument(
         "--max-memory-mb",
         type=whole(1, 10**7),
         metavar="MB",
-        help="The same once a worker's resident memory exceeds MB megabytes. Default: each "
-        "OPTIONS['workers'] entry's max_memory_mb, else no limit.",
+        help="The same once a worker's resident memory exceeds MB megabytes. Default: "
+        "max_memory_mb of OPTIONS['workers'] (its first entry for work), else no limit.",
     )
 
 

@@ -141,16 +141,19 @@ class Role:
             raise
         finally:
             # Stop beating before the row goes, or a last beat would find it gone and fence us.
+            # (Briefly: a beat stuck on a dead connection must not hold the exit up.)
             if self._heartbeat is not None:
                 self._heartbeat.stop()
-                self._heartbeat.join(self.config.heartbeat_interval + 30)
+                self._heartbeat.join(min(self.config.heartbeat_interval, 2.0))
+            # Give back what is still held while the row still says whose it is (so no orphan
+            # sweep takes it first), then the row: the last writes before the process ends.
+            self.final_release()
             if self.fenced_reason is None:
                 try:
                     self.registration.deregister()
                 except DatabaseError as error:
                     # Left behind, the row is pruned once its heartbeat is old enough.
                     events.emit("deregister_failed", process=self.name, error=str(error))
-            self.final_release()
             connections.close_all()  # this thread's; forked children must not keep them either
             events.emit(
                 "process_stopped",
@@ -168,7 +171,7 @@ class Role:
         """Called in the heartbeat thread after each successful beat."""
 
     def final_release(self) -> None:
-        """Give back anything still held; the last writes before the process ends."""
+        """Give back anything still held, just before deregistering and ending."""
 
     def on_parent_gone(self) -> None:
         """Our supervisor died: stop gracefully, as if it had sent TERM."""

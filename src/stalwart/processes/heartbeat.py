@@ -27,8 +27,11 @@ from stalwart.processes.registry import Registration
 
 def fence_deadlines(interval: float, threshold: float) -> tuple[float, float]:
     """Seconds without a successful beat after which to fence softly, then to exit at once."""
-    hard = threshold - interval / 2
-    soft = max(hard - interval, interval)
+    # A healthy process is silent for up to one interval (plus the beat itself): never
+    # fence before half an interval more than that.
+    floor = 1.5 * interval
+    hard = max(threshold - interval / 2, floor)
+    soft = max(hard - interval, floor)
     return soft, hard
 
 

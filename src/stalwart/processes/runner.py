@@ -82,6 +82,7 @@ def failure_outcome(
             delay = task.retry_delay(len(errors))
             if not math.isfinite(delay) or delay < 0:
                 raise ValueError(f"backoff returned {delay!r}")
+            retry_at = timezone.now() + timedelta(seconds=delay)
         except Exception as failure:  # noqa: BLE001 - a broken backoff ends the retries
             events.emit("backoff_failed", job=job.id, task=job.task_path, error=repr(failure))
             delay = None
@@ -92,7 +93,7 @@ def failure_outcome(
                 attempt=job.attempt,
                 status=JobStatus.SCHEDULED,
                 errors=encode_errors(errors),
-                available_at=timezone.now() + timedelta(seconds=delay),
+                available_at=retry_at,
             ),
             delay,
         )

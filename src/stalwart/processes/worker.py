@@ -421,8 +421,8 @@ class Worker(Role):
             )
 
     def final_release(self) -> None:
-        """Write the timed-out attempts and give back what is still held: after deregistering,
-        as the very last writes before the process ends (nothing of ours runs after them)."""
+        """Write the timed-out attempts and give back what is still held: among the very last
+        writes before the process ends (only the deregistration follows)."""
         if self.fenced_reason is not None or not self.held:
             return
         try:
