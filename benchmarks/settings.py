@@ -44,5 +44,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"stalwart": {"handlers": ["stderr"], "level": "WARNING"}},
+    "loggers": {
+        "stalwart": {"handlers": ["stderr"], "level": "WARNING"},
+        # Django logs every task start and finish at INFO; at WARNING, as a busy production
+        # site would keep it, those records are not even created.
+        "django.tasks": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+    },
 }

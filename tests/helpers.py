@@ -192,3 +192,9 @@ def register_processes(*ids: int) -> None:
             created_at=Now(),
             last_heartbeat_at=Now(),
         )
+    # Explicit ids do not move PostgreSQL's sequence; move it so later rows do not collide.
+    from django.core.management.color import no_style
+
+    with connection.cursor() as cursor:
+        for statement in connection.ops.sequence_reset_sql(no_style(), [Process]):
+            cursor.execute(statement)

@@ -80,8 +80,7 @@ def system_check_warnings() -> list[str]:
     return [
         f"{message.id}: {message.msg}" + (f" ({message.hint})" if message.hint else "")
         for message in checks.run_checks(include_deployment_checks=False)
-        if not message.is_serious()
-        and not message.is_silenced()
+        if not message.is_serious() and not message.is_silenced()
     ]
 
 

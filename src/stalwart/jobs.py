@@ -163,6 +163,37 @@ class JobStore:
 
         return self._in_transaction("finish", work, atomic=bool(free_keys))
 
+    def can_finish_and_claim(self, selector: QueueSelector) -> bool:
+        """Whether outcomes and the next claim can share one statement here."""
+        return self.statements.can_finish_and_claim and len(selector.patterns) == 1
+
+    def finish_and_claim(
+        self,
+        *,
+        owner: int,
+        outcomes: Sequence[Outcome],
+        worker_name: str,
+        selector: QueueSelector,
+        limit: int,
+        paused: Sequence[str] = (),
+    ) -> tuple[dict, list[ClaimedJob]]:
+        """Write outcomes (none with a concurrency key) and claim, in one statement."""
+        excluded = list(selector.excluded) + [QueuePattern(name) for name in paused]
+
+        def run() -> tuple[dict, list[ClaimedJob]]:
+            with self.connection.cursor() as cursor:
+                return self.statements.finish_and_claim(
+                    cursor,
+                    owner=owner,
+                    outcomes=outcomes,
+                    worker_name=worker_name,
+                    pattern=selector.patterns[0],
+                    excluded=excluded,
+                    limit=limit,
+                )
+
+        return retry_transient(self.database, run, what="finish and claim", conflicts=True)
+
     def release(self, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
         """Give back jobs we hold (graceful stop); return the ids released."""
         if not jobs:

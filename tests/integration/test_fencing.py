@@ -105,3 +105,25 @@ def test_a_process_whose_row_is_gone_claims_nothing():
     assert store.claim(owner=7, worker_name="w7", selector=EVERYTHING, limit=5) == []
     job = Job.objects.get(pk=result.id)
     assert (job.status, job.owner, job.attempt) == ("ready", None, 0)
+
+
+def test_a_stale_outcome_written_with_a_claim_changes_nothing_but_the_claim_goes_on(vendor):
+    if vendor != "postgresql":
+        pytest.skip("only PostgreSQL writes outcomes and claims in one statement")
+    store = JobStore("default")
+    tasks.add.enqueue(1, 2)
+    first = claim_one(store, owner=7)
+    store.release_owner(owner=7, error_class="x.Died", error_text="pruned")
+    claim_one(store, owner=202)  # the job now belongs to 202, attempt 2
+    fresh = tasks.add.enqueue(3, 4)
+    written, claimed = store.finish_and_claim(
+        owner=7,
+        outcomes=[Outcome(id=first.id, attempt=1, status="successful", return_value="3")],
+        worker_name="w7",
+        selector=EVERYTHING,
+        limit=5,
+    )
+    assert written == {}
+    assert [str(job.id) for job in claimed] == [fresh.id]
+    row = Job.objects.get(pk=first.id)
+    assert (row.status, row.owner, row.attempt) == ("running", 202, 2)

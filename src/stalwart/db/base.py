@@ -198,6 +198,8 @@ class Statements:
     insert_chunk: ClassVar[int] = 1000
     # Whether finish, release and release_owner are each one statement (so need no BEGIN).
     writes_are_single_statements: ClassVar[bool] = False
+    # Whether finish_and_claim exists: outcomes written and jobs claimed in one statement.
+    can_finish_and_claim: ClassVar[bool] = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection

@@ -118,6 +118,32 @@ class PostgreSQLStatements(Statements):
             [*params, ready_queues],
         )
 
+    # The claim, in two parts so that it can also follow a finish in one statement.
+    _CLAIM_CTES = """
+            claimant AS MATERIALIZED (
+                -- Only a registered process claims, and its row cannot be pruned until this
+                -- claim commits: a prune then finds these jobs and releases them.
+                SELECT id FROM stalwart_process WHERE id = %s FOR KEY SHARE
+            ),
+            picked AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' {conditions} AND EXISTS (SELECT 1 FROM claimant)
+                ORDER BY priority DESC, available_at, id
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            )"""
+    _CLAIM_UPDATE = """
+            UPDATE stalwart_job AS job
+            SET status = 'running',
+                owner = %s,
+                attempt = job.attempt + 1,
+                started_at = COALESCE(job.started_at, now()),
+                last_attempted_at = now(),
+                worker_ids = job.worker_ids || jsonb_build_array(%s::text)
+            FROM picked
+            WHERE job.id = picked.id AND job.status = 'ready'
+            RETURNING {returning}"""
+
     def claim(
         self,
         cursor: Any,
@@ -130,50 +156,29 @@ class PostgreSQLStatements(Statements):
     ) -> list[ClaimedJob]:
         conditions, filter_params = self.queue_filter(pattern, excluded)
         cursor.execute(
-            f"""
-            WITH claimant AS MATERIALIZED (
-                -- Only a registered process claims, and its row cannot be pruned until this
-                -- claim commits: a prune then finds these jobs and releases them.
-                SELECT id FROM stalwart_process WHERE id = %s FOR KEY SHARE
-            ),
-            picked AS MATERIALIZED (
-                SELECT id FROM stalwart_job
-                WHERE status = 'ready' {conditions} AND EXISTS (SELECT 1 FROM claimant)
-                ORDER BY priority DESC, available_at, id
-                LIMIT %s
-                FOR UPDATE SKIP LOCKED
-            )
-            UPDATE stalwart_job AS job
-            SET status = 'running',
-                owner = %s,
-                attempt = job.attempt + 1,
-                started_at = COALESCE(job.started_at, now()),
-                last_attempted_at = now(),
-                worker_ids = job.worker_ids || jsonb_build_array(%s::text)
-            FROM picked
-            WHERE job.id = picked.id AND job.status = 'ready'
-            RETURNING {_RETURNING}
-            """,
+            "WITH"
+            + self._CLAIM_CTES.format(conditions=conditions)
+            + self._CLAIM_UPDATE.format(returning=_RETURNING),
             [owner, *filter_params, limit, owner, worker_name],
         )
         return self.claimed_from_rows(cursor.fetchall())
 
-    def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
-        # Outcomes go in id order, so concurrent writers lock rows in one order.
-        outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
-        sibling = """
-            SELECT 1 FROM outcome AS other_outcome
-            JOIN stalwart_job AS other ON other.id = other_outcome.id
-            WHERE other.unique_key = job.unique_key AND other.id < job.id
-              AND other_outcome.status IN ('scheduled', 'blocked', 'ready')"""
-        cursor.execute(
-            f"""
-            WITH outcome AS MATERIALIZED (
+    # The finish, likewise in parts.
+    _OUTCOME_CTE = """
+            outcome AS MATERIALIZED (
                 SELECT * FROM unnest(
                     %s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[],
                     %s::timestamptz[]
                 ) AS o(id, attempt, status, return_value, errors, available_at)
-            )
+            )"""
+    _SIBLING_IN_OUTCOME = """
+            SELECT 1 FROM outcome AS other_outcome
+            JOIN stalwart_job AS other ON other.id = other_outcome.id
+            WHERE other.unique_key = job.unique_key AND other.id < job.id
+              AND other_outcome.status IN ('scheduled', 'blocked', 'ready')"""
+
+    def _finish_update(self) -> str:
+        return f"""
             UPDATE stalwart_job AS job
             SET status = outcome.status,
                 owner = NULL,
@@ -182,23 +187,86 @@ class PostgreSQLStatements(Statements):
                 available_at = COALESCE(outcome.available_at, job.available_at),
                 return_value = outcome.return_value::jsonb,
                 errors = COALESCE(outcome.errors::jsonb, job.errors),
-                {self.unique_key_leaving("job", "outcome.status", sibling)}
+                {self.unique_key_leaving("job", "outcome.status", self._SIBLING_IN_OUTCOME)}
             FROM outcome
             WHERE job.id = outcome.id
               AND job.status = 'running' AND job.owner = %s AND job.attempt = outcome.attempt
-            RETURNING job.id, job.finished_at
-            """,
-            [
-                [outcome.id for outcome in outcomes],
-                [outcome.attempt for outcome in outcomes],
-                [outcome.status for outcome in outcomes],
-                [outcome.return_value for outcome in outcomes],
-                [outcome.errors for outcome in outcomes],
-                [outcome.available_at for outcome in outcomes],
-                owner,
-            ],
+            RETURNING job.id, job.finished_at"""
+
+    @staticmethod
+    def _outcome_params(outcomes: Sequence[Outcome]) -> list:
+        # Outcomes go in id order, so concurrent writers lock rows in one order.
+        outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
+        return [
+            [outcome.id for outcome in outcomes],
+            [outcome.attempt for outcome in outcomes],
+            [outcome.status for outcome in outcomes],
+            [outcome.return_value for outcome in outcomes],
+            [outcome.errors for outcome in outcomes],
+            [outcome.available_at for outcome in outcomes],
+        ]
+
+    def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
+        cursor.execute(
+            "WITH" + self._OUTCOME_CTE + self._finish_update(),
+            [*self._outcome_params(outcomes), owner],
         )
         return dict(cursor.fetchall())
+
+    can_finish_and_claim = True
+
+    def finish_and_claim(
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        outcomes: Sequence[Outcome],
+        worker_name: str,
+        pattern: QueuePattern,
+        excluded: Sequence[QueuePattern],
+        limit: int,
+    ) -> tuple[dict, list[ClaimedJob]]:
+        """Write outcomes and claim new jobs in one statement: one round trip, one commit.
+
+        The two updates touch different rows (running ones, ready ones), and each keeps its
+        own conditions: the finish is fenced on owner and attempt, the claim skips locked
+        rows and needs the claimant's row, exactly as when they run apart.
+        """
+        conditions, filter_params = self.queue_filter(pattern, excluded)
+        # Finished rows come back in the claim's columns: their finish time stands in
+        # last_attempted_at, the rest is NULL.
+        padding = ", ".join(
+            "finished.finished_at"
+            if name == "last_attempted_at"
+            else ("finished.id" if name == "id" else "NULL")
+            for name in CLAIM_COLUMNS
+        )
+        cursor.execute(
+            "WITH"
+            + self._OUTCOME_CTE
+            + ",\n            finished AS ("
+            + self._finish_update()
+            + "),"
+            + self._CLAIM_CTES.format(conditions=conditions)
+            + ",\n            claimed AS ("
+            + self._CLAIM_UPDATE.format(returning=_RETURNING)
+            + f")\n            SELECT 'c', {', '.join(CLAIM_COLUMNS)} FROM claimed"
+            + f"\n            UNION ALL SELECT 'f', {padding} FROM finished",
+            [
+                *self._outcome_params(outcomes),
+                owner,
+                owner,
+                *filter_params,
+                limit,
+                owner,
+                worker_name,
+            ],
+        )
+        rows = cursor.fetchall()
+        finished_at = CLAIM_COLUMNS.index("last_attempted_at")
+        written = {row[1]: row[1 + finished_at] for row in rows if row[0] == "f"}
+        claimed = self.claimed_from_rows([row[1:] for row in rows if row[0] == "c"])
+        return written, claimed
 
     def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
         cursor.execute(

@@ -140,8 +140,8 @@ class Worker(Role):
             self.shutdown()
 
     def _tick(self) -> bool | None:
-        """One round: write outcomes, promote, claim. True: go again at once; None: stop."""
-        self.flush()
+        """One round: chores, then write outcomes and claim (in one statement where the
+        database allows). True: go again at once; None: stop."""
         now = time.monotonic()
         if self.promote_scheduled and now >= self._next_promotion:
             self.store.promote_due()
@@ -154,6 +154,7 @@ class Worker(Role):
         if self.chores is not None:
             self.chores.run_due(exclude=self.registration.id)
         if self._recycle_due() or self._check_timeouts():
+            self.flush()
             self.exit_status = EXIT_RECYCLE
             self.request_stop()
             return None
@@ -161,15 +162,8 @@ class Worker(Role):
             self._paused = paused_queues(database=self.database)
             self._next_pause_check = now + self.poll_interval()
         idle = self.pool.idle
-        claimed: list[ClaimedJob] = []
+        claimed = self.flush(claim=idle)
         if idle:
-            claimed = self.store.claim(
-                owner=self.registration.id,
-                worker_name=self.name,
-                selector=self.selector,
-                limit=idle,
-                paused=self._paused,
-            )
             if claimed:
                 events.emit("jobs_claimed", process=self.name, count=len(claimed))
             started = time.monotonic()
@@ -257,18 +251,38 @@ class Worker(Role):
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Write every finished attempt we still own, in one statement, then report them."""
+    def flush(self, *, claim: int = 0) -> list[ClaimedJob]:
+        """Write every finished attempt we still own, in one statement, then report them;
+        with ``claim``, also claim up to that many jobs (together, where the database can)."""
         finished = self._unwritten + self.pool.take_finished()
+        claimed: list[ClaimedJob] = []
         if not finished:
-            return
+            if claim:
+                claimed = self._claim(claim)
+            return claimed
         self._unwritten = finished  # kept until written, should the write fail
+        combined = (
+            claim
+            and self.store.can_finish_and_claim(self.selector)
+            and not any(item.job.concurrency_key for item in finished)
+        )
         try:
-            written = self._write(finished)
+            if combined:
+                written, claimed = self.store.finish_and_claim(
+                    owner=self.registration.id,
+                    outcomes=[item.outcome for item in finished],
+                    worker_name=self.name,
+                    selector=self.selector,
+                    limit=claim,
+                    paused=self._paused,
+                )
+            else:
+                written = self._write(finished)
         except DatabaseError as error:
             if is_transient(error):
                 raise  # kept in _unwritten: the next flush tries again
             written = self._write_one_by_one(finished)
+            combined = False
         self._unwritten = []
         for item in finished:
             self.held.pop(item.job.id, None)
@@ -285,6 +299,18 @@ class Worker(Role):
                 )
                 continue
             self._report(item, written[item.job.id])
+        if claim and not combined:
+            claimed = self._claim(claim)  # after the report: written outcomes are settled
+        return claimed
+
+    def _claim(self, limit: int) -> list[ClaimedJob]:
+        return self.store.claim(
+            owner=self.registration.id,
+            worker_name=self.name,
+            selector=self.selector,
+            limit=limit,
+            paused=self._paused,
+        )
 
     def _write(self, finished: list[Finished]) -> dict:
         return self.store.finish(
