@@ -113,6 +113,9 @@ class StalwartBackend(BaseTaskBackend):
                     max_attempts=max_attempts,
                     concurrency_key=concurrency_key,
                     concurrency_limit=task.concurrency_limit if concurrency_key else None,
+                    concurrency_duration=(
+                        task.concurrency_duration_seconds if concurrency_key else None
+                    ),
                     unique_key=unique_key,
                     unique_while_running=bool(unique_key and task.unique_while_running),
                 )

@@ -17,6 +17,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task, task_backends
@@ -75,6 +76,8 @@ class StalwartTask(Task):
     concurrency_limit: int | None = None
     concurrency_key: str | Callable[..., Any] | None = None
     concurrency_group: str | None = None
+    # A running job's slot counts as free once this long has passed since its attempt began.
+    concurrency_duration: float | timedelta | None = None
     # Uniqueness: enqueueing a job equal to one still waiting returns the waiting one.
     unique: bool | str | Callable[..., Any] = False
     unique_while_running: bool = False
@@ -119,6 +122,9 @@ class StalwartTask(Task):
             raise self._fail(
                 "timeout", f"must be a positive number of seconds, not {self.timeout!r}"
             )
+        self._check_concurrency_options()
+
+    def _check_concurrency_options(self) -> None:
         if self.concurrency_limit is not None and (
             isinstance(self.concurrency_limit, bool)
             or not isinstance(self.concurrency_limit, int)
@@ -128,7 +134,7 @@ class StalwartTask(Task):
                 "concurrency_limit",
                 f"must be a whole number of at least 1, not {self.concurrency_limit!r}",
             )
-        for option in ("concurrency_key", "concurrency_group"):
+        for option in ("concurrency_key", "concurrency_group", "concurrency_duration"):
             if self.concurrency_limit is None and getattr(self, option):
                 raise self._fail(option, "needs concurrency_limit as well")
         if self.concurrency_group is not None and (
@@ -144,6 +150,16 @@ class StalwartTask(Task):
                 "concurrency_key",
                 f"must be a format string or a callable, not {self.concurrency_key!r}",
             )
+        duration = self.concurrency_duration
+        if duration is not None and (
+            isinstance(duration, bool)
+            or not isinstance(duration, int | float | timedelta)
+            or not 0 < self._seconds(duration) <= 10**9
+        ):
+            raise self._fail(
+                "concurrency_duration",
+                f"must be a positive number of seconds or a timedelta, not {duration!r}",
+            )
         if not isinstance(self.unique, bool | str) and not callable(self.unique):
             raise self._fail(
                 "unique", f"must be True, a format string or a callable, not {self.unique!r}"
@@ -151,7 +167,17 @@ class StalwartTask(Task):
         if self.unique_while_running and not self.unique:
             raise self._fail("unique_while_running", "needs unique as well")
 
+    @staticmethod
+    def _seconds(value: float | timedelta) -> float:
+        return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
     # -- what the worker and the backend ask of a task ----------------------------------------
+
+    @property
+    def concurrency_duration_seconds(self) -> float | None:
+        """``concurrency_duration`` in seconds, or None for slots that never expire."""
+        duration = self.concurrency_duration
+        return None if duration is None else self._seconds(duration)
 
     def should_retry(self, exception: BaseException) -> bool:
         """Whether a failure with ``exception`` earns another attempt (cap permitting)."""

@@ -1,6 +1,7 @@
 """Uniqueness, concurrency keys, pausing, bulk retry and discard, retention: in-process."""
 
 import threading
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -13,10 +14,11 @@ from django.utils import timezone
 
 from stalwart import Call, control, enqueue_many
 from stalwart.control import Selection
+from stalwart.db import Outcome
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
-from tests.helpers import drain, wait_for, worker_thread
+from tests.helpers import drain, register_processes, wait_for, worker_thread
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -126,6 +128,115 @@ def test_a_slot_freed_without_hand_off_is_found_by_the_sweep():
     Job.objects.exclude(pk=waiting.id).delete()  # the holder vanished without handing on
     assert JobStore("default").unblock_all() == 1
     assert Job.objects.get(pk=waiting.id).status == "ready"
+
+
+# -- concurrency slots that expire (concurrency_duration) --------------------------------
+
+EVERYTHING = QueueSelector.parse("*")
+MINUTE_KEY = "tests.testapp.tasks.one_at_a_time_for_a_minute:k"
+
+
+@pytest.fixture
+def slot_held_for_a_minute():
+    """A job of a key with limit 1 and a one-minute duration, running for worker 31; a
+    second job of the key, blocked."""
+    register_processes(31, 32)
+    store = JobStore("default")
+    holder = tasks.one_at_a_time_for_a_minute.enqueue("k")
+    assert [job.id for job in store.claim(**claim_for(31))] == [uuid.UUID(holder.id)]
+    waiting = tasks.one_at_a_time_for_a_minute.enqueue("k")
+    assert Job.objects.get(pk=waiting.id).status == "blocked"
+    return store, holder, waiting
+
+
+def claim_for(owner: int) -> dict:
+    return {"owner": owner, "worker_name": f"w{owner}", "selector": EVERYTHING, "limit": 5}
+
+
+def started_ago(result, seconds: float) -> None:
+    """As if the job's attempt had begun ``seconds`` ago."""
+    Job.objects.filter(pk=result.id).update(
+        last_attempted_at=F("last_attempted_at") - timedelta(seconds=seconds)
+    )
+
+
+def status_of(result) -> str:
+    return Job.objects.get(pk=result.id).status
+
+
+def test_the_duration_is_stored_with_each_job_in_seconds():
+    result = tasks.one_at_a_time_for_a_minute.enqueue("k")
+    assert Job.objects.get(pk=result.id).concurrency_duration == 60.0
+    assert Job.objects.get(pk=tasks.one_at_a_time.enqueue("k").id).concurrency_duration is None
+
+
+def test_a_running_job_holds_its_slot_until_its_duration_has_passed(slot_held_for_a_minute):
+    store, holder, waiting = slot_held_for_a_minute
+    started_ago(holder, 50)
+    assert store.unblock_all() == 0
+    assert status_of(waiting) == "blocked"
+    started_ago(holder, 11)
+    assert store.unblock_all() == 1
+    assert status_of(waiting) == "ready"
+    assert status_of(holder) == "running"  # it runs on; only its slot was taken from it
+
+
+def test_a_slot_without_a_duration_never_expires():
+    register_processes(31)
+    store = JobStore("default")
+    holder = tasks.one_at_a_time.enqueue("k")
+    store.claim(**claim_for(31))
+    waiting = tasks.one_at_a_time.enqueue("k")
+    started_ago(holder, 86400 * 365)
+    assert store.unblock_all() == 0
+    assert status_of(waiting) == "blocked"
+
+
+def test_a_job_released_after_its_slot_expired_waits_for_a_slot_again(slot_held_for_a_minute):
+    store, holder, waiting = slot_held_for_a_minute
+    started_ago(holder, 61)
+    store.unblock_all()
+    (taken,) = store.claim(**claim_for(32))
+    assert str(taken.id) == waiting.id
+    # The first holder's worker stops and gives its job back: the slot is someone else's.
+    assert store.release(owner=31, jobs=[(uuid.UUID(holder.id), 1)]) == [uuid.UUID(holder.id)]
+    assert status_of(holder) == "blocked"
+    assert store.claim(**claim_for(31)) == []
+    # The slot frees when the second job finishes: the first job gets it.
+    store.finish(
+        owner=32,
+        outcomes=[Outcome(id=taken.id, attempt=1, status="successful", return_value="null")],
+        free_keys=[MINUTE_KEY],
+    )
+    assert status_of(holder) == "ready"
+
+
+def test_a_job_of_a_dead_process_whose_slot_expired_waits_for_a_slot(slot_held_for_a_minute):
+    store, holder, waiting = slot_held_for_a_minute
+    started_ago(holder, 61)
+    store.unblock_all()
+    store.claim(**claim_for(32))
+    released = store.release_owner(owner=31, error_class="x.Died", error_text="killed")
+    assert [(str(job.id), job.status) for job in released] == [(holder.id, "blocked")]
+    assert (status_of(holder), status_of(waiting)) == ("blocked", "running")
+    assert store.unblock_all() == 0  # the slot is still taken by the job of worker 32
+
+
+def test_a_job_released_before_its_slot_expired_keeps_it(slot_held_for_a_minute):
+    store, holder, waiting = slot_held_for_a_minute
+    started_ago(holder, 30)
+    assert store.release(owner=31, jobs=[(uuid.UUID(holder.id), 1)]) == [uuid.UUID(holder.id)]
+    assert (status_of(holder), status_of(waiting)) == ("ready", "blocked")
+
+
+def test_an_expired_slot_given_back_with_no_one_waiting_is_taken_again():
+    register_processes(31)
+    store = JobStore("default")
+    holder = tasks.one_at_a_time_for_a_minute.enqueue("k")
+    store.claim(**claim_for(31))
+    started_ago(holder, 61)
+    store.release_owner(owner=31, error_class="x.Died", error_text="killed")
+    assert status_of(holder) == "ready"  # blocked, then handed the free slot at once
 
 
 # -- pausing -------------------------------------------------------------------------------

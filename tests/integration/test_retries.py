@@ -117,6 +117,15 @@ def test_django_task_decorator_passes_options_on_django_6_1():
         ({"timeout": 0}, "option 'timeout' must be a positive number of seconds"),
         ({"concurrency_limit": 0}, "option 'concurrency_limit' must be a whole number"),
         ({"concurrency_key": "{x}"}, "option 'concurrency_key' needs concurrency_limit"),
+        ({"concurrency_duration": 5}, "option 'concurrency_duration' needs concurrency_limit"),
+        (
+            {"concurrency_limit": 1, "concurrency_duration": 0},
+            "option 'concurrency_duration' must be a positive number of seconds or a timedelta",
+        ),
+        (
+            {"concurrency_limit": 1, "concurrency_duration": "1h"},
+            "option 'concurrency_duration' must be a positive number of seconds or a timedelta",
+        ),
         ({"unique": 3}, "option 'unique' must be True, a format string or a callable"),
         ({"unique_while_running": True}, "option 'unique_while_running' needs unique"),
     ],

@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from datetime import timedelta
 
 from django.db import connection, transaction
 from django.tasks import TaskContext, task
@@ -142,6 +143,13 @@ def one_at_a_time(context: TaskContext, key: str, sleep: float = 0.0) -> None:
         started_at=started,
         finished_at=timezone.now(),
     )
+
+
+@stalwart.task(
+    concurrency_limit=1, concurrency_key="{key}", concurrency_duration=timedelta(minutes=1)
+)
+def one_at_a_time_for_a_minute(key: str) -> None:
+    return None
 
 
 @stalwart.task(concurrency_limit=2, concurrency_key=lambda account, **kwargs: account)

@@ -57,6 +57,7 @@ INSERT_COLUMNS = (
     "errors",
     "concurrency_key",
     "concurrency_limit",
+    "concurrency_duration",
     "unique_key",
     "unique_while_running",
 )
@@ -80,6 +81,7 @@ class NewJob:
     max_attempts: int
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    concurrency_duration: float | None = None
     unique_key: str | None = None
     unique_while_running: bool = False
 
@@ -124,7 +126,8 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Released:
-    """A job taken back from a dead process: now ready again, or failed for good."""
+    """A job taken back from its process: now ready again, blocked (its concurrency slot
+    expired while it ran, so it waits for one again), or failed for good."""
 
     id: uuid.UUID
     status: str
@@ -472,6 +475,7 @@ class Statements:
             "[]",
             job.concurrency_key,
             job.concurrency_limit,
+            job.concurrency_duration,
             job.unique_key,
             job.unique_while_running,
         ]
@@ -510,11 +514,26 @@ class Statements:
         row = cursor.fetchone()
         return None if row is None else row[0]
 
+    def slot_expired(self, job: str) -> tuple[str, list]:
+        """SQL (and its parameters) true for a running ``job`` whose concurrency slot has
+        expired: its task's ``concurrency_duration`` has passed since the attempt began."""
+        raise NotImplementedError
+
+    def status_after_release(self, job: str) -> tuple[str, list]:
+        """The status of a running ``job`` given back: ``ready`` with its concurrency slot,
+        or ``blocked`` if that slot expired while it ran (another job may hold it now)."""
+        expired, params = self.slot_expired(job)
+        return f"CASE WHEN {expired} THEN 'blocked' ELSE 'ready' END", params
+
     def slot_holders(self, cursor: Any, *, key: str) -> int:
+        """How many of the key's slots are taken: by ready jobs, and running ones whose slot
+        has not expired."""
+        expired, params = self.slot_expired("stalwart_job")
         cursor.execute(
             "SELECT count(*) FROM stalwart_job "
-            "WHERE concurrency_key = %s AND status IN ('ready', 'running')",
-            [key],
+            "WHERE concurrency_key = %s AND status IN ('ready', 'running') "
+            f"AND NOT (status = 'running' AND {expired})",
+            [key, *params],
         )
         return cursor.fetchone()[0]
 
@@ -541,6 +560,21 @@ class Statements:
         if queues and notify:
             self.notify(cursor, queues)
         return len(queues)
+
+    def hand_on_slots(self, cursor: Any, released: Sequence[Released], notify: bool) -> None:
+        """Hand on the concurrency slots that released jobs gave up, in their transaction.
+
+        A job failed for good frees its slot. A job back to ``blocked`` had lost it already
+        (it expired), and now waits for one like any other. A job back to ``ready`` keeps its
+        slot: it will run again.
+        """
+        keys = {
+            job.concurrency_key
+            for job in released
+            if job.status in ("failed", "blocked") and job.concurrency_key is not None
+        }
+        for key in sorted(keys):
+            self.unblock(cursor, key=key, notify=notify)
 
     def blocked_keys(self, cursor: Any) -> list[str]:
         cursor.execute("SELECT DISTINCT concurrency_key FROM stalwart_job WHERE status = 'blocked'")

@@ -22,13 +22,11 @@ _SIBLING_IN_MINE = """
 _SIBLING_IN_HELD = """
     SELECT 1 FROM held AS other_held JOIN stalwart_job AS other ON other.id = other_held.id
     WHERE other.unique_key = job.unique_key AND other.id < job.id"""
-_STATUS_AFTER_DEATH = (
-    "CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts THEN 'failed' "
-    "ELSE 'ready' END"
-)
+_LAST_ATTEMPT = "jsonb_array_length(job.errors) + 1 >= job.max_attempts"
+_STATUS_AFTER_DEATH = f"CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
 _VALUES_ROW = (
     "(%s::uuid, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::timestamptz, %s::timestamptz, "
-    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb, %s, %s::integer, %s, %s)"
+    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb, %s, %s::integer, %s::float8, %s, %s)"
 )
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
@@ -61,6 +59,7 @@ class PostgreSQLStatements(Statements):
                         job.max_attempts,
                         job.concurrency_key,
                         job.concurrency_limit,
+                        job.concurrency_duration,
                         job.unique_key,
                         job.unique_while_running,
                     )
@@ -82,27 +81,30 @@ class PostgreSQLStatements(Statements):
                 [job.max_attempts for job in jobs],
                 [job.concurrency_key for job in jobs],
                 [job.concurrency_limit for job in jobs],
+                [job.concurrency_duration for job in jobs],
                 [job.unique_key for job in jobs],
                 [job.unique_while_running for job in jobs],
             ]
             source = """
                 SELECT id, task_path, backend, queue_name, priority, status, args::jsonb,
                        kwargs::jsonb, run_after, available_at, enqueued_at, max_attempts, 0,
-                       '[]'::jsonb, '[]'::jsonb, concurrency_key, concurrency_limit, unique_key,
-                       unique_while_running
+                       '[]'::jsonb, '[]'::jsonb, concurrency_key, concurrency_limit,
+                       concurrency_duration, unique_key, unique_while_running
                 FROM unnest(
                     %s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::text[],
                     %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
-                    %s::timestamptz[], %s::integer[], %s::text[], %s::integer[], %s::text[],
-                    %s::boolean[]
+                    %s::timestamptz[], %s::integer[], %s::text[], %s::integer[], %s::float8[],
+                    %s::text[], %s::boolean[]
                 ) AS row(id, task_path, backend, queue_name, priority, status, args, kwargs,
                          run_after, available_at, enqueued_at, max_attempts, concurrency_key,
-                         concurrency_limit, unique_key, unique_while_running)"""
+                         concurrency_limit, concurrency_duration, unique_key,
+                         unique_while_running)"""
         insert = f"""
             INSERT INTO stalwart_job (
                 id, task_path, backend, queue_name, priority, status, args, kwargs,
                 run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids, errors,
-                concurrency_key, concurrency_limit, unique_key, unique_while_running
+                concurrency_key, concurrency_limit, concurrency_duration, unique_key,
+                unique_while_running
             ) {source}"""
         ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
         if not (notify and ready_queues):
@@ -268,7 +270,17 @@ class PostgreSQLStatements(Statements):
         claimed = self.claimed_from_rows([row[1:] for row in rows if row[0] == "c"])
         return written, claimed
 
+    def slot_expired(self, job: str) -> tuple[str, list]:
+        return (
+            (
+                f"({job}.concurrency_duration IS NOT NULL AND {job}.last_attempted_at "
+                f"+ make_interval(secs => {job}.concurrency_duration) <= now())"
+            ),
+            [],
+        )
+
     def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
+        status, _ = self.status_after_release("job")
         cursor.execute(
             f"""
             WITH mine AS MATERIALIZED (
@@ -280,24 +292,26 @@ class PostgreSQLStatements(Statements):
             ),
             released AS (
                 UPDATE stalwart_job AS job
-                SET status = 'ready', owner = NULL,
+                SET status = {status}, owner = NULL,
                     {self.unique_key_leaving("job", "'ready'", _SIBLING_IN_MINE)}
                 FROM mine WHERE job.id = mine.id AND job.status = 'running' AND job.owner = %s
-                RETURNING job.id, job.queue_name
+                RETURNING job.id, job.status, job.queue_name, job.concurrency_key
             ),
             wake AS (
                 SELECT pg_notify('{CHANNEL}', q)
-                FROM (SELECT DISTINCT queue_name AS q FROM released) AS queues
+                FROM (SELECT DISTINCT queue_name AS q FROM released WHERE status = 'ready') AS qs
             )
-            SELECT id FROM released, (SELECT count(*) FROM wake) AS woken
+            SELECT id, status, queue_name, concurrency_key
+            FROM released, (SELECT count(*) FROM wake) AS woken
             """,
             [[job_id for job_id, _ in jobs], [attempt for _, attempt in jobs], owner, owner],
         )
-        return [row[0] for row in cursor.fetchall()]
+        return [Released(*row) for row in cursor.fetchall()]
 
     def release_owner(
         self, cursor: Any, *, owner: int, error_class: str, error_text: str
     ) -> list[Released]:
+        waiting, _ = self.status_after_release("job")
         cursor.execute(
             f"""
             WITH held AS MATERIALIZED (
@@ -308,10 +322,8 @@ class PostgreSQLStatements(Statements):
             ),
             released AS (
                 UPDATE stalwart_job AS job
-                SET status = CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts
-                                  THEN 'failed' ELSE 'ready' END,
-                    finished_at = CASE WHEN jsonb_array_length(job.errors) + 1 >= job.max_attempts
-                                       THEN now() END,
+                SET status = CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE {waiting} END,
+                    finished_at = CASE WHEN {_LAST_ATTEMPT} THEN now() END,
                     owner = NULL,
                     {self.unique_key_leaving("job", _STATUS_AFTER_DEATH, _SIBLING_IN_HELD)},
                     errors = job.errors || jsonb_build_array(jsonb_build_object(

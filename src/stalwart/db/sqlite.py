@@ -14,19 +14,26 @@ from typing import Any
 
 from django.utils import timezone
 
-from stalwart.db.base import CLAIM_COLUMNS, ClaimedJob, Outcome, Released, Statements
+from stalwart.db.base import (
+    CLAIM_COLUMNS,
+    INSERT_COLUMNS,
+    ClaimedJob,
+    Outcome,
+    Released,
+    Statements,
+)
 from stalwart.queues import QueuePattern
 
 _RETURNING = ", ".join(CLAIM_COLUMNS)
 _NO_SIBLING = "SELECT 1 WHERE 0"  # statements here move one job at a time
-_STATUS_AFTER_DEATH = (
-    "CASE WHEN json_array_length(errors) + 1 >= max_attempts THEN 'failed' ELSE 'ready' END"
-)
+_LAST_ATTEMPT = "json_array_length(errors) + 1 >= max_attempts"
+_STATUS_AFTER_DEATH = f"CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
 
 
 class SQLiteStatements(Statements):
     vendor = "sqlite"
-    insert_chunk = 2000  # 15 parameters a row: 30,000, under SQLite's limit of 32,766
+    # One parameter per column and row, under SQLite's default limit of 32,766 parameters.
+    insert_chunk = 32_766 // len(INSERT_COLUMNS)
 
     def claim(
         self,
@@ -99,20 +106,33 @@ class SQLiteStatements(Statements):
             written = {key: field(value, None, self.connection) for key, value in written.items()}
         return written
 
+    def slot_expired(self, job: str) -> tuple[str, list]:
+        return (
+            (
+                f"({job}.concurrency_duration IS NOT NULL AND julianday({job}.last_attempted_at) "
+                f"+ {job}.concurrency_duration / 86400.0 <= julianday(%s))"
+            ),
+            [self.now_param()],
+        )
+
     def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
+        status, status_params = self.status_after_release("stalwart_job")
         released = []
+        pk = self.connection.ops.convert_uuidfield_value
         for job_id, attempt in jobs:
             cursor.execute(
                 f"""
                 UPDATE stalwart_job
-                SET status = 'ready', owner = NULL,
+                SET status = {status}, owner = NULL,
                     {self.unique_key_leaving("stalwart_job", "'ready'", _NO_SIBLING)}
                 WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
+                RETURNING id, status, queue_name, concurrency_key
                 """,
-                [self.uuid_param(job_id), owner, attempt],
+                [*status_params, self.uuid_param(job_id), owner, attempt],
             )
-            if cursor.rowcount:
-                released.append(job_id)
+            row = cursor.fetchone()
+            if row is not None:
+                released.append(Released(pk(row[0], None, self.connection), *row[1:]))
         return released
 
     def release_owner(
@@ -128,22 +148,22 @@ class SQLiteStatements(Statements):
         ids = sorted(row[0] for row in cursor.fetchall())
         error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
         now = self.now_param()
+        waiting, waiting_params = self.status_after_release("stalwart_job")
         released = []
         pk = self.connection.ops.convert_uuidfield_value
         for job_id in ids:
             cursor.execute(
                 f"""
                 UPDATE stalwart_job
-                SET status = {_STATUS_AFTER_DEATH},
-                    finished_at = CASE WHEN json_array_length(errors) + 1 >= max_attempts
-                                       THEN %s END,
+                SET status = CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE {waiting} END,
+                    finished_at = CASE WHEN {_LAST_ATTEMPT} THEN %s END,
                     owner = NULL,
                     {self.unique_key_leaving("stalwart_job", _STATUS_AFTER_DEATH, _NO_SIBLING)},
                     errors = json_insert(errors, '$[#]', json(%s))
                 WHERE id = %s AND status = 'running' AND owner = %s
                 RETURNING id, status, queue_name, concurrency_key
                 """,
-                [now, error, job_id, owner],
+                [*waiting_params, now, error, job_id, owner],
             )
             row = cursor.fetchone()
             if row is not None:

@@ -69,6 +69,8 @@ class Job(models.Model):
     # NULL, not "", means "no key": partial indexes leave NULL keys out.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+    # Seconds after the start of an attempt at which a running job's slot counts as free.
+    concurrency_duration = models.FloatField(null=True, blank=True)
     # Uniqueness: at most one waiting job (and, if asked, running job) per key.
     unique_key = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     unique_while_running = models.BooleanField(default=False, db_default=False)

@@ -82,21 +82,6 @@ class GoneProcess:
     released: list[Released]
 
 
-def hand_on_slots(statements: Any, cursor: Any, released: list[Released]) -> None:
-    """Jobs failed for good free their concurrency slot: hand it on, in the same transaction.
-
-    (Jobs released to ready keep theirs: they will run again.)
-    """
-    for key in sorted(
-        {
-            job.concurrency_key
-            for job in released
-            if job.status == "failed" and job.concurrency_key is not None
-        }
-    ):
-        statements.unblock(cursor, key=key, notify=True)
-
-
 def prune_dead_processes(
     database: str, *, threshold: float, exclude: int | None
 ) -> list[GoneProcess]:
@@ -131,7 +116,7 @@ def prune_dead_processes(
                 released = statements.release_owner(
                     cursor, owner=process_id, error_class=PROCESS_DIED, error_text=cause
                 )
-                hand_on_slots(statements, cursor, released)
+                statements.hand_on_slots(cursor, released, notify=True)
                 return released
 
         released = retry_transient(database, prune_one, what="prune a dead process", conflicts=True)
@@ -163,7 +148,7 @@ def remove_reaped_child(
                     error_class=PROCESS_DIED,
                     error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
                 )
-                hand_on_slots(statements, cursor, released)
+                statements.hand_on_slots(cursor, released, notify=True)
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone
 
@@ -223,7 +208,7 @@ def release_orphans(database: str) -> list[Released]:
                     error_class=PROCESS_DIED,
                     error_text=f"The process (row {owner}) that held this job is gone.",
                 )
-            hand_on_slots(statements, cursor, released)
+            statements.hand_on_slots(cursor, released, notify=True)
             return released
 
     released = retry_transient(database, sweep, what="release orphaned jobs", conflicts=True)
