@@ -371,6 +371,26 @@ def test_enqueue_many_writes_one_statement_and_returns_results():
     )
 
 
+def test_enqueue_many_stays_under_sqlites_default_parameter_limit():
+    """Python builds of SQLite differ in how many parameters a statement may take; many
+    keep SQLite's default, 32,766. Bulk inserts must fit in that."""
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("a limit of SQLite's")
+    import sqlite3
+
+    connection.ensure_connection()
+    raw = connection.connection
+    previous = raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32_766)
+    try:
+        results = enqueue_many(tasks.noop, [Call() for _ in range(5000)])
+    finally:
+        raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, previous)
+    assert len(results) == 5000
+    assert Job.objects.count() == 5000
+
+
 def test_enqueue_many_accepts_plain_pairs_and_validates_everything_first():
     with pytest.raises(InvalidTaskArguments, match=r"kwargs\['x'\]") as caught:
         enqueue_many(tasks.echo, [((1,), {}), ((2,), {"x": object()})])
