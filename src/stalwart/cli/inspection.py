@@ -181,8 +181,8 @@ def processes(command: Any, options: dict[str, Any]) -> int:
         )
         for gone in pruned:
             report_pruned(gone)
-            released = sum(1 for job in gone.released if job.status == "ready")
-            failed = len(gone.released) - released
+            failed = sum(1 for job in gone.released if job.failed)
+            released = len(gone.released) - failed
             command.stdout.write(
                 f"Pruned {gone.kind} {gone.name} (pid {gone.pid} on {gone.hostname}): "
                 f"{released} job(s) released, {failed} failed."

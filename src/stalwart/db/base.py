@@ -127,12 +127,17 @@ class Outcome:
 @dataclass(frozen=True, slots=True)
 class Released:
     """A job taken back from its process: now ready again, blocked (its concurrency slot
-    expired while it ran, so it waits for one again), or failed for good."""
+    can expire, so it waits to be handed one again), or failed for good."""
 
     id: uuid.UUID
     status: str
     queue_name: str
     concurrency_key: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """Failed for good (that was its last attempt); otherwise it will run again."""
+        return self.status == "failed"
 
 
 _converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -519,11 +524,17 @@ class Statements:
         expired: its task's ``concurrency_duration`` has passed since the attempt began."""
         raise NotImplementedError
 
-    def status_after_release(self, job: str) -> tuple[str, list]:
-        """The status of a running ``job`` given back: ``ready`` with its concurrency slot,
-        or ``blocked`` if that slot expired while it ran (another job may hold it now)."""
-        expired, params = self.slot_expired(job)
-        return f"CASE WHEN {expired} THEN 'blocked' ELSE 'ready' END", params
+    @staticmethod
+    def status_after_release(job: str) -> str:
+        """The status of a running ``job`` given back: ``ready``, keeping its concurrency
+        slot; or, if its slot can expire, ``blocked``, to be handed a slot (perhaps its own)
+        by ``hand_on_slots`` under the key's lock.
+
+        Whether the slot has expired is not judged here: a release takes no key lock, so a
+        hand-out running at the same time may count the slot as expired and give it away
+        while this release still sees it as held. Under the key's lock, the two agree.
+        """
+        return f"CASE WHEN {job}.concurrency_duration IS NULL THEN 'ready' ELSE 'blocked' END"
 
     def slot_holders(self, cursor: Any, *, key: str) -> int:
         """How many of the key's slots are taken: by ready jobs, and running ones whose slot
@@ -564,9 +575,9 @@ class Statements:
     def hand_on_slots(self, cursor: Any, released: Sequence[Released], notify: bool) -> None:
         """Hand on the concurrency slots that released jobs gave up, in their transaction.
 
-        A job failed for good frees its slot. A job back to ``blocked`` had lost it already
-        (it expired), and now waits for one like any other. A job back to ``ready`` keeps its
-        slot: it will run again.
+        A job failed for good frees its slot. A job back to ``blocked`` (its slot can expire)
+        gave its slot up, and is handed one now if one is free: its own, unless its slot
+        expired and went to another job meanwhile. A job back to ``ready`` keeps its slot.
         """
         keys = {
             job.concurrency_key

@@ -280,7 +280,7 @@ class PostgreSQLStatements(Statements):
         )
 
     def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
-        status, _ = self.status_after_release("job")
+        status = self.status_after_release("job")
         cursor.execute(
             f"""
             WITH mine AS MATERIALIZED (
@@ -311,7 +311,7 @@ class PostgreSQLStatements(Statements):
     def release_owner(
         self, cursor: Any, *, owner: int, error_class: str, error_text: str
     ) -> list[Released]:
-        waiting, _ = self.status_after_release("job")
+        waiting = self.status_after_release("job")
         cursor.execute(
             f"""
             WITH held AS MATERIALIZED (

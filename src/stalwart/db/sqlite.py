@@ -116,7 +116,7 @@ class SQLiteStatements(Statements):
         )
 
     def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
-        status, status_params = self.status_after_release("stalwart_job")
+        status = self.status_after_release("stalwart_job")
         released = []
         pk = self.connection.ops.convert_uuidfield_value
         for job_id, attempt in jobs:
@@ -128,7 +128,7 @@ class SQLiteStatements(Statements):
                 WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
                 RETURNING id, status, queue_name, concurrency_key
                 """,
-                [*status_params, self.uuid_param(job_id), owner, attempt],
+                [self.uuid_param(job_id), owner, attempt],
             )
             row = cursor.fetchone()
             if row is not None:
@@ -148,7 +148,7 @@ class SQLiteStatements(Statements):
         ids = sorted(row[0] for row in cursor.fetchall())
         error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
         now = self.now_param()
-        waiting, waiting_params = self.status_after_release("stalwart_job")
+        waiting = self.status_after_release("stalwart_job")
         released = []
         pk = self.connection.ops.convert_uuidfield_value
         for job_id in ids:
@@ -163,7 +163,7 @@ class SQLiteStatements(Statements):
                 WHERE id = %s AND status = 'running' AND owner = %s
                 RETURNING id, status, queue_name, concurrency_key
                 """,
-                [*waiting_params, now, error, job_id, owner],
+                [now, error, job_id, owner],
             )
             row = cursor.fetchone()
             if row is not None:

@@ -162,8 +162,8 @@ def report_pruned(gone: GoneProcess) -> None:
         kind=gone.kind,
         pid=gone.pid,
         host=gone.hostname,
-        released=sum(1 for job in gone.released if job.status == "ready"),
-        failed=sum(1 for job in gone.released if job.status == "failed"),
+        released=sum(1 for job in gone.released if not job.failed),
+        failed=sum(1 for job in gone.released if job.failed),
     )
 
 

@@ -210,8 +210,8 @@ class Supervisor(Role):
             kind=kind,
             pid=pid,
             how=how,
-            released=sum(1 for job in released if job.status == "ready"),
-            failed=sum(1 for job in released if job.status == "failed"),
+            released=sum(1 for job in released if not job.failed),
+            failed=sum(1 for job in released if job.failed),
         )
         return True
 
