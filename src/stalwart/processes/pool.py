@@ -62,6 +62,11 @@ class JobPool:
         self._inbox.append(job)
         self._ready.release()
 
+    @property
+    def finished(self) -> int:
+        """How many finished attempts wait to be taken."""
+        return len(self._finished)
+
     def take_finished(self) -> list[Finished]:
         taken = []
         while self._finished:
