@@ -27,10 +27,12 @@ class _Sequence:
     """The previous id's millisecond and random part, so the next id can follow it."""
 
     def __init__(self):
-        self._lock = threading.Lock()
         self.forget()
 
     def forget(self) -> None:
+        # A new lock too: a fork taken while another thread held the old one would leave it
+        # held for ever in the child.
+        self._lock = threading.Lock()
         self._last = (0, 0)
 
     def next(self) -> tuple[int, int]:

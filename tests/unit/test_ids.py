@@ -1,5 +1,9 @@
+import os
+import signal
+import time
 import uuid
 
+from stalwart import ids
 from stalwart.ids import uuid7
 
 
@@ -22,3 +26,32 @@ def test_uuid7_made_back_to_back_keep_their_order():
     assert len(set(values)) == len(values)
     assert {value.version for value in values} == {7}
     assert {value.variant for value in values} == {uuid.RFC_4122}
+
+
+def test_a_child_forked_while_an_id_is_being_made_can_make_ids():
+    """A fork taken while another thread is inside uuid7() must not leave the child stuck
+    on a lock that nobody in the child will ever release."""
+    held = ids._sequence._lock
+    held.acquire()  # as if another thread were making an id at the moment of the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 once it has an id; the parent kills it if stuck
+            try:
+                os._exit(0 if uuid7().version == 7 else 1)
+            finally:
+                os._exit(2)
+    finally:
+        held.release()
+    deadline = time.monotonic() + 10
+    status = None
+    while status is None and time.monotonic() < deadline:
+        done, status_code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = status_code
+        else:
+            time.sleep(0.01)  # polling the child's exit, with a deadline
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child could not make an id within 10 s")
+    assert os.waitstatus_to_exitcode(status) == 0
