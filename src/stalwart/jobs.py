@@ -200,8 +200,7 @@ class JobStore:
             return []
 
         def work(cursor: Any) -> list:
-            released = self.statements.release(cursor, owner=owner, jobs=jobs)
-            self.statements.hand_on_slots(cursor, released, notify=self.notify)
+            released = self.statements.release(cursor, owner=owner, jobs=jobs, notify=self.notify)
             return [job.id for job in released]
 
         return self._in_transaction("release", work, atomic=True)
@@ -209,14 +208,17 @@ class JobStore:
     def release_owner(self, *, owner: int, error_class: str, error_text: str) -> list[Released]:
         """Take back all jobs of a dead process, failing those at their last attempt."""
 
-        def work(cursor: Any) -> list[Released]:
-            released = self.statements.release_owner(
-                cursor, owner=owner, error_class=error_class, error_text=error_text
-            )
-            self.statements.hand_on_slots(cursor, released, notify=self.notify)
-            return released
-
-        return self._in_transaction("release_owner", work, atomic=True)
+        return self._in_transaction(
+            "release_owner",
+            lambda cursor: self.statements.release_owner(
+                cursor,
+                owner=owner,
+                error_class=error_class,
+                error_text=error_text,
+                notify=self.notify,
+            ),
+            atomic=True,
+        )
 
     def owned_running(self, *, owner: int) -> list[tuple[uuid.UUID, int]]:
         """(id, attempt) of the running jobs that ``owner`` holds, as the database sees it."""

@@ -26,7 +26,7 @@ EVERYTHING = QueueSelector.parse("*")
 
 class HeldRelease(threading.Thread):
     """Owner 31 gives its jobs back on its own connection, and waits, its transaction open,
-    before it hands on slots and commits."""
+    before it hands on slots and commits (the two halves of ``Statements.release``)."""
 
     def __init__(self, jobs: list[tuple[uuid.UUID, int]]) -> None:
         super().__init__(daemon=True)
@@ -39,7 +39,7 @@ class HeldRelease(threading.Thread):
         store = JobStore("default")
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                released = store.statements.release(cursor, owner=31, jobs=self.jobs)
+                released = store.statements.release_rows(cursor, owner=31, jobs=self.jobs)
                 self.released_rows.set()
                 assert self.go_on.wait(10), "the test never let the release go on"
                 store.statements.hand_on_slots(cursor, released, notify=True)

@@ -204,7 +204,7 @@ class Statements:
     vendor: ClassVar[str]
     # Rows per INSERT statement, kept under the database's limit on parameters.
     insert_chunk: ClassVar[int] = 1000
-    # Whether finish, release and release_owner are each one statement (so need no BEGIN).
+    # Whether finish is one statement (so needs no BEGIN when it hands on no slots).
     writes_are_single_statements: ClassVar[bool] = False
     # Whether finish_and_claim exists: outcomes written and jobs claimed in one statement.
     can_finish_and_claim: ClassVar[bool] = False
@@ -289,19 +289,42 @@ class Statements:
         """Write outcomes still ours; return ``{job id: finished_at}`` for those written."""
         raise NotImplementedError
 
-    def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[uuid.UUID, int]]) -> list:
-        """Put jobs we hold back to ready (graceful stop); return the ids released."""
+    def release(
+        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[uuid.UUID, int]], notify: bool
+    ) -> list[Released]:
+        """Put jobs we hold back to waiting (graceful stop) and hand on the concurrency slots
+        they gave up; return what became of each. Call inside a transaction."""
+        released = self.release_rows(cursor, owner=owner, jobs=jobs)
+        self.hand_on_slots(cursor, released, notify=notify)
+        return released
+
+    def release_rows(
+        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[uuid.UUID, int]]
+    ) -> list[Released]:
+        """``release`` without the hand-on of slots, which must follow in the transaction."""
         raise NotImplementedError
 
     def release_owner(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str, notify: bool
     ) -> list[Released]:
-        """Take back every job a dead process held, recording the death as an error.
+        """Take back every job a dead process held, recording the death as an error, and
+        hand on the concurrency slots they gave up. Call inside a transaction.
 
         A job whose failed attempts (errors, this one included) reach ``max_attempts`` is
-        failed; the others are ready again. A graceful release (``release``) records no
-        error, so jobs given back at each deploy are never failed for it.
+        failed; the others wait again. A graceful release (``release``) records no error,
+        so jobs given back at each deploy are never failed for it.
         """
+        released = self.release_owner_rows(
+            cursor, owner=owner, error_class=error_class, error_text=error_text
+        )
+        self.hand_on_slots(cursor, released, notify=notify)
+        return released
+
+    def release_owner_rows(
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+    ) -> list[Released]:
+        """``release_owner`` without the hand-on of slots, which must follow in the
+        transaction (after the other owners', when several are taken back at once)."""
         raise NotImplementedError
 
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:

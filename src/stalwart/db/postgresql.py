@@ -279,7 +279,9 @@ class PostgreSQLStatements(Statements):
             [],
         )
 
-    def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
+    def release_rows(
+        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]
+    ) -> list[Released]:
         status = self.status_after_release("job")
         cursor.execute(
             f"""
@@ -308,7 +310,7 @@ class PostgreSQLStatements(Statements):
         )
         return [Released(*row) for row in cursor.fetchall()]
 
-    def release_owner(
+    def release_owner_rows(
         self, cursor: Any, *, owner: int, error_class: str, error_text: str
     ) -> list[Released]:
         waiting = self.status_after_release("job")

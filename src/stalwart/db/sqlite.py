@@ -115,7 +115,9 @@ class SQLiteStatements(Statements):
             [self.now_param()],
         )
 
-    def release(self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
+    def release_rows(
+        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]
+    ) -> list[Released]:
         status = self.status_after_release("stalwart_job")
         released = []
         pk = self.connection.ops.convert_uuidfield_value
@@ -135,7 +137,7 @@ class SQLiteStatements(Statements):
                 released.append(Released(pk(row[0], None, self.connection), *row[1:]))
         return released
 
-    def release_owner(
+    def release_owner_rows(
         self, cursor: Any, *, owner: int, error_class: str, error_text: str
     ) -> list[Released]:
         # A write first (it takes the write lock and lists the jobs), then one statement per

@@ -113,11 +113,13 @@ def prune_dead_processes(
                     f"Process {name} (pid {pid} on {hostname}) sent no heartbeat for over "
                     f"{threshold:g} s and was declared dead."
                 )
-                released = statements.release_owner(
-                    cursor, owner=process_id, error_class=PROCESS_DIED, error_text=cause
+                return statements.release_owner(
+                    cursor,
+                    owner=process_id,
+                    error_class=PROCESS_DIED,
+                    error_text=cause,
+                    notify=True,
                 )
-                statements.hand_on_slots(cursor, released, notify=True)
-                return released
 
         released = retry_transient(database, prune_one, what="prune a dead process", conflicts=True)
         if released is not None:
@@ -147,8 +149,8 @@ def remove_reaped_child(
                     owner=process_id,
                     error_class=PROCESS_DIED,
                     error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
+                    notify=True,
                 )
-                statements.hand_on_slots(cursor, released, notify=True)
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone
 
@@ -202,12 +204,13 @@ def release_orphans(database: str) -> list[Released]:
             statements.take_write_lock(cursor)
             released: list[Released] = []
             for owner in statements.orphan_owners(cursor):
-                released += statements.release_owner(
+                released += statements.release_owner_rows(
                     cursor,
                     owner=owner,
                     error_class=PROCESS_DIED,
                     error_text=f"The process (row {owner}) that held this job is gone.",
                 )
+            # All owners' keys at once, in one sorted pass: locks taken in one order.
             statements.hand_on_slots(cursor, released, notify=True)
             return released
 
