@@ -38,7 +38,7 @@ CLAIM_COLUMNS = (
     "concurrency_key",
 )
 
-# The columns an insert writes, in order.
+# The columns an insert writes from each new job, in the order of insert_params()...
 INSERT_COLUMNS = (
     "id",
     "task_path",
@@ -52,15 +52,14 @@ INSERT_COLUMNS = (
     "available_at",
     "enqueued_at",
     "max_attempts",
-    "attempt",
-    "worker_ids",
-    "errors",
     "concurrency_key",
     "concurrency_limit",
     "concurrency_duration",
     "unique_key",
     "unique_while_running",
 )
+# ...and those in which every new job starts alike, with these SQL literals.
+INSERT_CONSTANTS = {"attempt": "0", "worker_ids": "'[]'", "errors": "'[]'"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,14 +262,18 @@ class Statements:
             self.insert_chunk_of(cursor, jobs[start : start + self.insert_chunk], notify)
 
     def insert_chunk_of(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
-        row = "(" + ", ".join(["%s"] * len(INSERT_COLUMNS)) + ")"
         params: list = []
         for job in jobs:
             params.extend(self.insert_params(job))
-        cursor.execute(
-            f"INSERT INTO stalwart_job ({', '.join(INSERT_COLUMNS)}) "
-            f"VALUES {', '.join([row] * len(jobs))}",
-            params,
+        cursor.execute(self.insert_sql(len(jobs)), params)
+
+    @staticmethod
+    def insert_sql(rows: int) -> str:
+        """``INSERT ... VALUES`` for ``rows`` rows of ``insert_params()``."""
+        row = "(" + ", ".join(["%s"] * len(INSERT_COLUMNS) + [*INSERT_CONSTANTS.values()]) + ")"
+        return (
+            f"INSERT INTO stalwart_job ({', '.join([*INSERT_COLUMNS, *INSERT_CONSTANTS])}) "
+            f"VALUES {', '.join([row] * rows)}"
         )
 
     def claim(
@@ -432,10 +435,8 @@ class Statements:
 
     def insert_unique(self, cursor: Any, job: NewJob, notify: bool) -> bool:
         """Insert one job unless an equal one is waiting (same unique key); True if inserted."""
-        columns = ", ".join(INSERT_COLUMNS)
         cursor.execute(
-            f"INSERT INTO stalwart_job ({columns}) "
-            f"VALUES ({', '.join(['%s'] * len(INSERT_COLUMNS))}) "
+            f"{self.insert_sql(1)} "
             f"ON CONFLICT (unique_key) WHERE {self.unique_predicate()} DO NOTHING",
             self.insert_params(job),
         )
@@ -498,9 +499,6 @@ class Statements:
             self.datetime_param(job.available_at),
             self.datetime_param(job.enqueued_at),
             job.max_attempts,
-            0,
-            "[]",
-            "[]",
             job.concurrency_key,
             job.concurrency_limit,
             job.concurrency_duration,

@@ -10,7 +10,16 @@ not deadlock each other; were a deadlock to happen anyway, it is retried as a tr
 from collections.abc import Sequence
 from typing import Any
 
-from stalwart.db.base import CLAIM_COLUMNS, ClaimedJob, NewJob, Outcome, Released, Statements
+from stalwart.db.base import (
+    CLAIM_COLUMNS,
+    INSERT_COLUMNS,
+    INSERT_CONSTANTS,
+    ClaimedJob,
+    NewJob,
+    Outcome,
+    Released,
+    Statements,
+)
 from stalwart.queues import QueuePattern
 
 CHANNEL = "stalwart"
@@ -24,9 +33,48 @@ _SIBLING_IN_HELD = """
     WHERE other.unique_key = job.unique_key AND other.id < job.id"""
 _LAST_ATTEMPT = "jsonb_array_length(job.errors) + 1 >= job.max_attempts"
 _STATUS_AFTER_DEATH = f"CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
-_VALUES_ROW = (
-    "(%s::uuid, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s::timestamptz, %s::timestamptz, "
-    "%s::timestamptz, %s, 0, '[]'::jsonb, '[]'::jsonb, %s, %s::integer, %s::float8, %s, %s)"
+# The type of each column an insert writes, for the casts of its parameters.
+_COLUMN_TYPES = {
+    "id": "uuid",
+    "task_path": "text",
+    "backend": "text",
+    "queue_name": "text",
+    "priority": "smallint",
+    "status": "text",
+    "args": "jsonb",
+    "kwargs": "jsonb",
+    "run_after": "timestamptz",
+    "available_at": "timestamptz",
+    "enqueued_at": "timestamptz",
+    "max_attempts": "integer",
+    "attempt": "integer",
+    "worker_ids": "jsonb",
+    "errors": "jsonb",
+    "concurrency_key": "text",
+    "concurrency_limit": "integer",
+    "concurrency_duration": "float8",
+    "unique_key": "text",
+    "unique_while_running": "boolean",
+}
+_INSERT_TYPES = [_COLUMN_TYPES[name] for name in INSERT_COLUMNS]
+_INSERT_INTO = f"INSERT INTO stalwart_job ({', '.join([*INSERT_COLUMNS, *INSERT_CONSTANTS])})"
+# Typed, since PostgreSQL would read an untyped literal in a VALUES list as text.
+_CONSTANTS = [f"{value}::{_COLUMN_TYPES[name]}" for name, value in INSERT_CONSTANTS.items()]
+# A few rows go as VALUES (cheap to send)...
+_VALUES_ROW = "(" + ", ".join([f"%s::{kind}" for kind in _INSERT_TYPES] + _CONSTANTS) + ")"
+# ...many as one array per column (JSON as text arrays, each element cast on the way out).
+_UNNEST_SOURCE = (
+    "SELECT "
+    + ", ".join(
+        [
+            f"{name}::jsonb" if kind == "jsonb" else name
+            for name, kind in zip(INSERT_COLUMNS, _INSERT_TYPES, strict=True)
+        ]
+        + _CONSTANTS
+    )
+    + " FROM unnest("
+    + ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in _INSERT_TYPES)
+    + f") AS row({', '.join(INSERT_COLUMNS)})"
 )
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
@@ -37,75 +85,21 @@ class PostgreSQLStatements(Statements):
     insert_chunk = 5000  # unnest() takes one array per column, whatever the row count
     writes_are_single_statements = True
 
+    # psycopg takes UUIDs and aware datetimes as they are: no adaptation per value.
+    def uuid_param(self, value: Any) -> Any:
+        return value
+
+    def datetime_param(self, value: Any) -> Any:
+        return value
+
     def insert_chunk_of(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
-        # A few rows go as VALUES (cheap to send); many as one array per column (unnest).
+        rows = [self.insert_params(job) for job in jobs]
         if len(jobs) <= SMALL_INSERT:
-            rows_sql = ", ".join([_VALUES_ROW] * len(jobs))
-            params: list = []
-            for job in jobs:
-                params.extend(
-                    (
-                        job.id,
-                        job.task_path,
-                        job.backend,
-                        job.queue_name,
-                        job.priority,
-                        job.status,
-                        job.args,
-                        job.kwargs,
-                        job.run_after,
-                        job.available_at,
-                        job.enqueued_at,
-                        job.max_attempts,
-                        job.concurrency_key,
-                        job.concurrency_limit,
-                        job.concurrency_duration,
-                        job.unique_key,
-                        job.unique_while_running,
-                    )
-                )
-            source = f"VALUES {rows_sql}"
+            params = [value for row in rows for value in row]
+            insert = f"{_INSERT_INTO} VALUES {', '.join([_VALUES_ROW] * len(jobs))}"
         else:
-            params = [
-                [job.id for job in jobs],
-                [job.task_path for job in jobs],
-                [job.backend for job in jobs],
-                [job.queue_name for job in jobs],
-                [job.priority for job in jobs],
-                [job.status for job in jobs],
-                [job.args for job in jobs],
-                [job.kwargs for job in jobs],
-                [job.run_after for job in jobs],
-                [job.available_at for job in jobs],
-                [job.enqueued_at for job in jobs],
-                [job.max_attempts for job in jobs],
-                [job.concurrency_key for job in jobs],
-                [job.concurrency_limit for job in jobs],
-                [job.concurrency_duration for job in jobs],
-                [job.unique_key for job in jobs],
-                [job.unique_while_running for job in jobs],
-            ]
-            source = """
-                SELECT id, task_path, backend, queue_name, priority, status, args::jsonb,
-                       kwargs::jsonb, run_after, available_at, enqueued_at, max_attempts, 0,
-                       '[]'::jsonb, '[]'::jsonb, concurrency_key, concurrency_limit,
-                       concurrency_duration, unique_key, unique_while_running
-                FROM unnest(
-                    %s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::text[],
-                    %s::text[], %s::text[], %s::timestamptz[], %s::timestamptz[],
-                    %s::timestamptz[], %s::integer[], %s::text[], %s::integer[], %s::float8[],
-                    %s::text[], %s::boolean[]
-                ) AS row(id, task_path, backend, queue_name, priority, status, args, kwargs,
-                         run_after, available_at, enqueued_at, max_attempts, concurrency_key,
-                         concurrency_limit, concurrency_duration, unique_key,
-                         unique_while_running)"""
-        insert = f"""
-            INSERT INTO stalwart_job (
-                id, task_path, backend, queue_name, priority, status, args, kwargs,
-                run_after, available_at, enqueued_at, max_attempts, attempt, worker_ids, errors,
-                concurrency_key, concurrency_limit, concurrency_duration, unique_key,
-                unique_while_running
-            ) {source}"""
+            params = [list(column) for column in zip(*rows, strict=True)]
+            insert = f"{_INSERT_INTO} {_UNNEST_SOURCE}"
         ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
         if not (notify and ready_queues):
             cursor.execute(insert, params)

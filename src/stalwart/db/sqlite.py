@@ -32,7 +32,8 @@ _STATUS_AFTER_DEATH = f"CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END
 
 class SQLiteStatements(Statements):
     vendor = "sqlite"
-    # One parameter per column and row, under SQLite's default limit of 32,766 parameters.
+    # One parameter per column and row (constants aside), under SQLite's default limit of
+    # 32,766 parameters.
     insert_chunk = 32_766 // len(INSERT_COLUMNS)
 
     def claim(
