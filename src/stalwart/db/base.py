@@ -693,22 +693,17 @@ class Statements:
         finished_before: datetime | None = None,
     ) -> int:
         """Delete up to ``limit`` jobs in ``statuses``; return how many."""
-        placeholders = ", ".join(["%s"] * len(statuses))
-        age = ""
-        age_params: list = []
-        if finished_before is not None:
-            age = "AND finished_at < %s"
-            age_params = [self.datetime_param(finished_before)]
+        chosen, chosen_params = self._status_and_age(statuses, finished_before)
         cursor.execute(
             f"""
             DELETE FROM stalwart_job
-            WHERE status IN ({placeholders}) {age} AND id IN (
+            WHERE {chosen} AND id IN (
                 SELECT id FROM stalwart_job
-                WHERE status IN ({placeholders}) {age} {conditions}
+                WHERE {chosen} {conditions}
                 ORDER BY id LIMIT %s
             )
             """,
-            [*statuses, *age_params, *statuses, *age_params, *params, limit],
+            [*chosen_params, *chosen_params, *params, limit],
         )
         return cursor.rowcount
 
@@ -721,16 +716,22 @@ class Statements:
         params: list,
         finished_before: datetime | None = None,
     ) -> int:
-        placeholders = ", ".join(["%s"] * len(statuses))
-        age, age_params = "", []
-        if finished_before is not None:
-            age, age_params = "AND finished_at < %s", [self.datetime_param(finished_before)]
+        chosen, chosen_params = self._status_and_age(statuses, finished_before)
         cursor.execute(
-            f"SELECT count(*) FROM stalwart_job WHERE status IN ({placeholders}) {age} "
-            f"{conditions}",
-            [*statuses, *age_params, *params],
+            f"SELECT count(*) FROM stalwart_job WHERE {chosen} {conditions}",
+            [*chosen_params, *params],
         )
         return cursor.fetchone()[0]
+
+    def _status_and_age(
+        self, statuses: Sequence[str], finished_before: datetime | None
+    ) -> tuple[str, list]:
+        """The condition (and its parameters) for jobs in ``statuses`` that finished before
+        ``finished_before``, if given."""
+        sql = f"status IN ({', '.join(['%s'] * len(statuses))})"
+        if finished_before is None:
+            return sql, [*statuses]
+        return f"{sql} AND finished_at < %s", [*statuses, self.datetime_param(finished_before)]
 
     def delete_old_ticks(self, cursor: Any, *, before: datetime) -> int:
         """Forget recurring ticks older than ``before``, keeping each key's latest."""

@@ -78,6 +78,14 @@ _UNNEST_SOURCE = (
 )
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
+# Rows written by finish_and_claim, in the claim's columns: their finish time stands in
+# last_attempted_at, the rest is NULL.
+_FINISHED_AS_CLAIMED = ", ".join(
+    "finished.finished_at"
+    if name == "last_attempted_at"
+    else ("finished.id" if name == "id" else "NULL")
+    for name in CLAIM_COLUMNS
+)
 
 
 class PostgreSQLStatements(Statements):
@@ -173,8 +181,7 @@ class PostgreSQLStatements(Statements):
             WHERE other.unique_key = job.unique_key AND other.id < job.id
               AND other_outcome.status IN ('scheduled', 'blocked', 'ready')"""
 
-    def _finish_update(self) -> str:
-        return f"""
+    _FINISH_UPDATE = f"""
             UPDATE stalwart_job AS job
             SET status = outcome.status,
                 owner = NULL,
@@ -183,7 +190,7 @@ class PostgreSQLStatements(Statements):
                 available_at = COALESCE(outcome.available_at, job.available_at),
                 return_value = outcome.return_value::jsonb,
                 errors = COALESCE(outcome.errors::jsonb, job.errors),
-                {self.unique_key_leaving("job", "outcome.status", self._SIBLING_IN_OUTCOME)}
+                {Statements.unique_key_leaving("job", "outcome.status", _SIBLING_IN_OUTCOME)}
             FROM outcome
             WHERE job.id = outcome.id
               AND job.status = 'running' AND job.owner = %s AND job.attempt = outcome.attempt
@@ -204,7 +211,7 @@ class PostgreSQLStatements(Statements):
 
     def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
         cursor.execute(
-            "WITH" + self._OUTCOME_CTE + self._finish_update(),
+            "WITH" + self._OUTCOME_CTE + self._FINISH_UPDATE,
             [*self._outcome_params(outcomes), owner],
         )
         return dict(cursor.fetchall())
@@ -229,25 +236,17 @@ class PostgreSQLStatements(Statements):
         rows and needs the claimant's row, exactly as when they run apart.
         """
         conditions, filter_params = self.queue_filter(pattern, excluded)
-        # Finished rows come back in the claim's columns: their finish time stands in
-        # last_attempted_at, the rest is NULL.
-        padding = ", ".join(
-            "finished.finished_at"
-            if name == "last_attempted_at"
-            else ("finished.id" if name == "id" else "NULL")
-            for name in CLAIM_COLUMNS
-        )
         cursor.execute(
             "WITH"
             + self._OUTCOME_CTE
             + ",\n            finished AS ("
-            + self._finish_update()
+            + self._FINISH_UPDATE
             + "),"
             + self._CLAIM_CTES.format(conditions=conditions)
             + ",\n            claimed AS ("
             + self._CLAIM_UPDATE.format(returning=_RETURNING)
             + f")\n            SELECT 'c', {', '.join(CLAIM_COLUMNS)} FROM claimed"
-            + f"\n            UNION ALL SELECT 'f', {padding} FROM finished",
+            + f"\n            UNION ALL SELECT 'f', {_FINISHED_AS_CLAIMED} FROM finished",
             [
                 *self._outcome_params(outcomes),
                 owner,

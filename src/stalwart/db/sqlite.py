@@ -28,6 +28,31 @@ _RETURNING = ", ".join(CLAIM_COLUMNS)
 _NO_SIBLING = "SELECT 1 WHERE 0"  # statements here move one job at a time
 _LAST_ATTEMPT = "json_array_length(errors) + 1 >= max_attempts"
 _STATUS_AFTER_DEATH = f"CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
+# The statements that move one job out of running, fenced on its owner (and attempt).
+_FINISH_ONE = f"""
+    UPDATE stalwart_job
+    SET status = %s, owner = NULL, finished_at = %s,
+        available_at = COALESCE(%s, available_at),
+        return_value = %s, errors = COALESCE(%s, errors),
+        {Statements.unique_key_leaving("stalwart_job", "%s", _NO_SIBLING)}
+    WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
+    RETURNING finished_at"""
+_RELEASE_ONE = f"""
+    UPDATE stalwart_job
+    SET status = {Statements.status_after_release("stalwart_job")}, owner = NULL,
+        {Statements.unique_key_leaving("stalwart_job", "'ready'", _NO_SIBLING)}
+    WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
+    RETURNING id, status, queue_name, concurrency_key"""
+_RELEASE_DEAD_ONE = f"""
+    UPDATE stalwart_job
+    SET status = CASE WHEN {_LAST_ATTEMPT} THEN 'failed'
+                      ELSE {Statements.status_after_release("stalwart_job")} END,
+        finished_at = CASE WHEN {_LAST_ATTEMPT} THEN %s END,
+        owner = NULL,
+        {Statements.unique_key_leaving("stalwart_job", _STATUS_AFTER_DEATH, _NO_SIBLING)},
+        errors = json_insert(errors, '$[#]', json(%s))
+    WHERE id = %s AND status = 'running' AND owner = %s
+    RETURNING id, status, queue_name, concurrency_key"""
 
 
 class SQLiteStatements(Statements):
@@ -77,15 +102,7 @@ class SQLiteStatements(Statements):
         for outcome in outcomes:
             final = outcome.status in ("successful", "failed")
             cursor.execute(
-                f"""
-                UPDATE stalwart_job
-                SET status = %s, owner = NULL, finished_at = %s,
-                    available_at = COALESCE(%s, available_at),
-                    return_value = %s, errors = COALESCE(%s, errors),
-                    {self.unique_key_leaving("stalwart_job", "%s", _NO_SIBLING)}
-                WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
-                RETURNING finished_at
-                """,
+                _FINISH_ONE,
                 [
                     outcome.status,
                     now if final else None,
@@ -119,23 +136,10 @@ class SQLiteStatements(Statements):
     def release_rows(
         self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]
     ) -> list[Released]:
-        status = self.status_after_release("stalwart_job")
         released = []
-        pk = self.connection.ops.convert_uuidfield_value
         for job_id, attempt in jobs:
-            cursor.execute(
-                f"""
-                UPDATE stalwart_job
-                SET status = {status}, owner = NULL,
-                    {self.unique_key_leaving("stalwart_job", "'ready'", _NO_SIBLING)}
-                WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
-                RETURNING id, status, queue_name, concurrency_key
-                """,
-                [self.uuid_param(job_id), owner, attempt],
-            )
-            row = cursor.fetchone()
-            if row is not None:
-                released.append(Released(pk(row[0], None, self.connection), *row[1:]))
+            cursor.execute(_RELEASE_ONE, [self.uuid_param(job_id), owner, attempt])
+            released.extend(self._released(cursor.fetchone()))
         return released
 
     def release_owner_rows(
@@ -151,27 +155,18 @@ class SQLiteStatements(Statements):
         ids = sorted(row[0] for row in cursor.fetchall())
         error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
         now = self.now_param()
-        waiting = self.status_after_release("stalwart_job")
         released = []
-        pk = self.connection.ops.convert_uuidfield_value
         for job_id in ids:
-            cursor.execute(
-                f"""
-                UPDATE stalwart_job
-                SET status = CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE {waiting} END,
-                    finished_at = CASE WHEN {_LAST_ATTEMPT} THEN %s END,
-                    owner = NULL,
-                    {self.unique_key_leaving("stalwart_job", _STATUS_AFTER_DEATH, _NO_SIBLING)},
-                    errors = json_insert(errors, '$[#]', json(%s))
-                WHERE id = %s AND status = 'running' AND owner = %s
-                RETURNING id, status, queue_name, concurrency_key
-                """,
-                [now, error, job_id, owner],
-            )
-            row = cursor.fetchone()
-            if row is not None:
-                released.append(Released(pk(row[0], None, self.connection), *row[1:]))
+            cursor.execute(_RELEASE_DEAD_ONE, [now, error, job_id, owner])
+            released.extend(self._released(cursor.fetchone()))
         return released
+
+    def _released(self, row: tuple | None) -> list[Released]:
+        """A row of ``RETURNING id, status, queue_name, concurrency_key``, as a Released."""
+        if row is None:
+            return []
+        job_id = self.connection.ops.convert_uuidfield_value(row[0], None, self.connection)
+        return [Released(job_id, *row[1:])]
 
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
         # Jobs with a concurrency key wait for a slot (blocked); the others are ready.
