@@ -286,6 +286,12 @@ def test_logs_carry_a_failures_traceback_once_and_no_argument_values():
 
 def test_an_idle_worker_is_quiet_at_info():
     with start_supervisor("--processes", "1", "--dispatchers", "1") as supervisor:
+        # Start-up is logged, once: the supervisor's, the worker's and the dispatcher's lines.
+        wait_for(
+            lambda: supervisor.output.count("action=process_started") == 3,
+            timeout=30,
+            message="the three processes' start-up lines",
+        )
         before = len(supervisor.output.splitlines())
         # Several poll intervals and heartbeats pass with nothing to do.
         wait_for(
