@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 from django.db import connection
 from django.tasks import task_backends
 
@@ -163,8 +164,18 @@ class Child:
         return self.process.returncode
 
     def kill(self) -> None:
+        """SIGKILL the child and every process under it (forked children lead groups of
+        their own, so killing the child's group alone would leave them)."""
+        try:
+            root = psutil.Process(self.process.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
     def __enter__(self) -> "Child":
         return self

@@ -12,7 +12,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from stalwart import events
+from stalwart import events, signals
 from stalwart.conf import Options, read_options
 from stalwart.db import NewJob
 from stalwart.exceptions import TaskNotFound
@@ -184,7 +184,7 @@ class StalwartBackend(BaseTaskBackend):
 
     def _send_enqueued(self, results: list[TaskResult]) -> None:
         for result in results:
-            task_enqueued.send(type(self), task_result=result)
+            signals.send(task_enqueued, "task_enqueued", sender=type(self), task_result=result)
 
     def max_attempts_for(self, task: Task) -> int:
         """How many times a job of ``task`` may be attempted before it is failed for good."""

@@ -55,6 +55,9 @@ class Options:
     recurring: tuple["RecurringTask", ...] = ()
     heartbeat_interval: float = 10.0
     process_alive_threshold: float = 60.0
+    # The queue's own connections: no statement runs longer, no lock is waited on longer.
+    statement_timeout: float = 10.0
+    lock_timeout: float = 1.0
     shutdown_timeout: float = 30.0
     max_arguments_size: int = MIB
     max_attempts: int = 5
@@ -194,6 +197,39 @@ def _read_retention(reader: "_Reader", status: str, default: timedelta) -> timed
     return timedelta(seconds=seconds)
 
 
+def _read_timeouts(reader: "_Reader", threshold: float) -> tuple[float, float]:
+    """``statement_timeout`` and ``lock_timeout`` of the queue's own connections.
+
+    By default 10 s and 1 s, each capped: a statement must be cancelled well before its
+    process would be taken for stalled (half of ``process_alive_threshold``), so at most a
+    quarter of it; a lock wait at most as long as a statement.
+    """
+    ceiling = threshold / 4
+    statement = reader.get("statement_timeout", None)
+    if statement is None:
+        statement = min(10.0, ceiling)
+    else:
+        statement = reader.number("statement_timeout", 10.0, minimum=0.01, maximum=86400)
+        if statement > ceiling:
+            raise ConfigurationError(
+                f"{reader.name('statement_timeout')} ({statement:g} s) must be at most a "
+                f"quarter of {reader.name('process_alive_threshold')} ({threshold:g} s), so "
+                "that a statement that hangs is cancelled before its process is taken for "
+                "stalled."
+            )
+    lock = reader.get("lock_timeout", None)
+    if lock is None:
+        lock = min(1.0, statement / 2)
+    else:
+        lock = reader.number("lock_timeout", 1.0, minimum=0.01, maximum=86400)
+        if lock > statement:
+            raise ConfigurationError(
+                f"{reader.name('lock_timeout')} ({lock:g} s) must be at most "
+                f"{reader.name('statement_timeout')} ({statement:g} s)."
+            )
+    return statement, lock
+
+
 def read_options(alias: str, params: Mapping[str, Any]) -> Options:
     """Read ``TASKS[alias]["OPTIONS"]`` into an ``Options``; raise ``ConfigurationError``."""
     reader = _Reader(params.get("OPTIONS", {}), f"TASKS[{alias!r}]['OPTIONS']")
@@ -230,6 +266,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
             f"{reader.name('heartbeat_interval')} ({heartbeat:g} s), or live processes would be "
             "taken for dead."
         )
+    statement_timeout, lock_timeout = _read_timeouts(reader, threshold)
     options = Options(
         alias=alias,
         database=reader.choice(
@@ -241,6 +278,8 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         recurring=recurring,
         heartbeat_interval=heartbeat,
         process_alive_threshold=threshold,
+        statement_timeout=statement_timeout,
+        lock_timeout=lock_timeout,
         shutdown_timeout=reader.number("shutdown_timeout", 30.0, minimum=0, maximum=86400),
         max_arguments_size=reader.whole("max_arguments_size", MIB, minimum=64, maximum=256 * MIB),
         max_attempts=reader.whole("max_attempts", 5, minimum=1, maximum=1000),

@@ -7,7 +7,7 @@ transaction), so thousands of jobs never hold one long transaction or lock.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import connections, transaction
@@ -105,7 +105,7 @@ def _count(
     database: str,
     statuses: Sequence[str],
     selection: Selection,
-    finished_before: datetime | None = None,
+    older_than: float | None = None,
 ) -> int:
     connection = connections[database]
     statements = statements_for(connection)
@@ -118,7 +118,7 @@ def _count(
             statuses=statuses,
             conditions=conditions,
             params=params,
-            finished_before=finished_before,
+            older_than=older_than,
         )
 
 
@@ -245,10 +245,11 @@ def prune_finished(
     """Delete jobs finished more than ``older_than`` ago, in batches; return how many."""
     database = database or _database(backend)
     _check_batch_size(batch_size)
-    before = timezone.now() - older_than
+    # Measured on the database's clock, like the finish times it compares them with.
+    seconds = older_than.total_seconds()
     everything = Selection(everything=True)
     if dry_run:
-        return _count(database, statuses, everything, finished_before=before)
+        return _count(database, statuses, everything, older_than=seconds)
     statements = statements_for(connections[database])
     count = _batches(
         database,
@@ -258,7 +259,7 @@ def prune_finished(
             conditions="",
             params=[],
             limit=limit,
-            finished_before=before,
+            older_than=seconds,
         ),
         batch_size,
     )
@@ -287,5 +288,5 @@ def delete_expired_jobs(config: Any, *, batch_size: int = BATCH_SIZE) -> int:
     if longest is not None:
         connection = connections[config.database]
         with connection.cursor() as cursor:
-            statements_for(connection).delete_old_ticks(cursor, before=timezone.now() - longest)
+            statements_for(connection).delete_old_ticks(cursor, older_than=longest.total_seconds())
     return deleted

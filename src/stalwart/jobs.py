@@ -14,6 +14,7 @@ from django.db import DatabaseError, connections, transaction
 
 from stalwart import events
 from stalwart.db import ClaimedJob, NewJob, Outcome, Released, statements_for
+from stalwart.db.errors import is_lock_wait, is_unique_conflict
 from stalwart.db.retry import retry_transient
 from stalwart.queues import QueuePattern, QueueSelector
 
@@ -100,16 +101,25 @@ class JobStore:
         selector: QueueSelector,
         limit: int,
         paused: Sequence[str] = (),
+        alone: bool = True,
     ) -> list[ClaimedJob]:
-        """Claim up to ``limit`` ready jobs, queue pattern by queue pattern, in order."""
+        """Claim up to ``limit`` ready jobs, queue pattern by queue pattern, in order.
+
+        ``alone``: the claimant runs nothing else, so it may take an isolated job (which is
+        then all it takes; see ``Statements.claim``).
+        """
         excluded = list(selector.excluded) + [QueuePattern(name) for name in paused]
         claimed: list[ClaimedJob] = []
         for pattern in selector.patterns:
             wanted = limit - len(claimed)
-            if wanted <= 0:
+            if wanted <= 0 or any(job.isolated for job in claimed):
                 break
 
-            def claim_pattern(pattern: QueuePattern = pattern, wanted: int = wanted) -> list:
+            def claim_pattern(
+                pattern: QueuePattern = pattern,
+                wanted: int = wanted,
+                alone: bool = alone and not claimed,
+            ) -> list:
                 with self.connection.cursor() as cursor:
                     return self.statements.claim(
                         cursor,
@@ -118,6 +128,7 @@ class JobStore:
                         pattern=pattern,
                         excluded=excluded,
                         limit=wanted,
+                        alone=alone,
                     )
 
             try:
@@ -154,14 +165,52 @@ class JobStore:
         """
         if not outcomes:
             return {}
+        tries = []
 
         def work(cursor: Any) -> dict:
+            tries.append(1)
             written = self.statements.finish(cursor, owner=owner, outcomes=outcomes)
             for key in sorted(set(free_keys)):
                 self.statements.unblock(cursor, key=key, notify=self.notify)
             return written
 
-        return self._in_transaction("finish", work, atomic=bool(free_keys))
+        written = self._in_transaction("finish", work, atomic=bool(free_keys))
+        if len(tries) > 1:
+            written |= self._settled(owner, outcomes, written)
+        return written
+
+    def _settled(self, owner: int, outcomes: Sequence[Outcome], written: dict) -> dict:
+        """After a retried write: the outcomes its retry did not write because an earlier
+        try had (its answer was lost), not because the job was taken from us."""
+        missing = [outcome for outcome in outcomes if outcome.id not in written]
+        if not missing:
+            return {}
+
+        def read() -> dict:
+            with self.connection.cursor() as cursor:
+                return self.statements.settled(cursor, owner=owner, outcomes=missing)
+
+        return retry_transient(self.database, read, what="re-read outcomes")
+
+    def finish_unless_waiting(self, *, owner: int, outcome: Outcome) -> dict | None:
+        """Write one outcome that may have to wait on another transaction (a unique job
+        going back to waiting, whose twin an application is enqueueing and has not yet
+        committed): ``{id: finished_at}`` if written (or ``{}`` if no longer ours), None
+        if it would have to wait; then try again later. Never waits more than a moment, so
+        an application's transaction never holds up the rest of the queue, nor deadlocks
+        with it."""
+
+        def work() -> dict:
+            with transaction.atomic(using=self.database), self.connection.cursor() as cursor:
+                self.statements.wait_briefly_for_locks(cursor)
+                return self.statements.finish(cursor, owner=owner, outcomes=[outcome])
+
+        try:
+            return work()
+        except DatabaseError as error:
+            if is_lock_wait(error) or is_unique_conflict(error):
+                return None
+            raise
 
     def can_finish_and_claim(self, selector: QueueSelector) -> bool:
         """Whether outcomes and the next claim can share one statement here."""
@@ -176,11 +225,14 @@ class JobStore:
         selector: QueueSelector,
         limit: int,
         paused: Sequence[str] = (),
+        alone: bool = True,
     ) -> tuple[dict, list[ClaimedJob]]:
         """Write outcomes (none with a concurrency key) and claim, in one statement."""
         excluded = list(selector.excluded) + [QueuePattern(name) for name in paused]
+        tries = []
 
         def run() -> tuple[dict, list[ClaimedJob]]:
+            tries.append(1)
             with self.connection.cursor() as cursor:
                 return self.statements.finish_and_claim(
                     cursor,
@@ -190,9 +242,16 @@ class JobStore:
                     pattern=selector.patterns[0],
                     excluded=excluded,
                     limit=limit,
+                    alone=alone,
                 )
 
-        return retry_transient(self.database, run, what="finish and claim", conflicts=True)
+        written, claimed = retry_transient(
+            self.database, run, what="finish and claim", conflicts=True
+        )
+        if len(tries) > 1:
+            # A lost answer may also hide a claim: the worker's reconciliation returns it.
+            written |= self._settled(owner, outcomes, written)
+        return written, claimed
 
     def release(self, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
         """Give back jobs we hold (graceful stop); return the ids released."""
@@ -205,8 +264,10 @@ class JobStore:
 
         return self._in_transaction("release", work, atomic=True)
 
-    def release_owner(self, *, owner: int, error_class: str, error_text: str) -> list[Released]:
-        """Take back all jobs of a dead process, failing those at their last attempt."""
+    def release_owner(
+        self, *, owner: int, error_class: str, error_text: str, death: bool = True
+    ) -> list[Released]:
+        """Take back all jobs of a process that is gone (see ``Statements.release_owner``)."""
 
         return self._in_transaction(
             "release_owner",
@@ -216,6 +277,7 @@ class JobStore:
                 error_class=error_class,
                 error_text=error_text,
                 notify=self.notify,
+                death=death,
             ),
             atomic=True,
         )

@@ -276,7 +276,7 @@ def test_a_reap_racing_a_claim_still_releases_what_the_claim_took(pause_trigger)
         target=lambda: (
             gone.extend(
                 remove_reaped_child(
-                    "default", supervisor=99, pid=424242, cause="died: it was killed by SIGKILL"
+                    "default", supervisors=[99], pid=424242, cause="died: it was killed by SIGKILL"
                 )
             ),
             connections.close_all(),

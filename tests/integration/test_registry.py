@@ -84,7 +84,7 @@ def test_a_process_that_beats_just_in_time_is_not_pruned():
         assert [row[0] for row in candidates] == [late.id]
         # It beats between the look and the delete: the delete re-checks, and leaves it.
         assert late.heartbeat({}) is True
-        assert statements.delete_process_if_dead(cursor, process_id=late.id, threshold=60) is False
+        assert statements.delete_process_if_dead(cursor, process_id=late.id, threshold=60) is None
     assert Process.objects.filter(pk=late.id).exists()
 
 
@@ -95,7 +95,7 @@ def test_a_job_at_its_last_attempt_fails_when_its_process_dies():
     Job.objects.filter(pk=job.id).update(max_attempts=1)
     pid = Process.objects.get(pk=worker.id).pid
     gone = remove_reaped_child(
-        "default", supervisor=supervisor.id, pid=pid, cause="died: it was killed by SIGKILL"
+        "default", supervisors=[supervisor.id], pid=pid, cause="died: it was killed by SIGKILL"
     )
     assert [released.status for released in gone[0].released] == ["failed"]
     job.refresh_from_db()

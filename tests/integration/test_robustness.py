@@ -2,7 +2,6 @@
 
 import pytest
 from django.tasks import TaskResultStatus
-from django.utils import timezone
 
 from stalwart import Call, control, enqueue_many
 from stalwart.control import Selection
@@ -41,7 +40,7 @@ def test_twins_retried_in_one_batch_do_not_collide():
     written = store.finish(
         owner=21,
         outcomes=[
-            Outcome(id=job.id, attempt=1, status="scheduled", available_at=timezone.now())
+            Outcome(id=job.id, attempt=1, status="scheduled", retry_in=0)
             for job in Job.objects.all()
         ],
     )

@@ -7,7 +7,6 @@ arguments and its handler here; handlers return an exit status.
 import argparse
 import logging
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -101,11 +100,13 @@ def configure_logging(verbosity: int) -> None:
 
 
 def end_process(status: int, *, abandon_threads: bool) -> int:
-    """Return ``status``; but if job threads are still running, end the process right now."""
+    """End what the jobs started; return ``status``, but if job threads are still running,
+    end the process right now (they must not run on, nor write anything more)."""
+    from stalwart.processes.forking import end_descendants, flush_logs
+
+    end_descendants()
     if abandon_threads:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        flush_logs()
         os._exit(status)
     return status
 

@@ -80,6 +80,7 @@ def work(command: Any, options: dict[str, Any]) -> int:
         promote_scheduled=True,
         do_chores=True,
         stop_when_empty=options.get("stop_when_empty", False),
+        owns_process=True,
     )
     try:
         status = worker.run()
@@ -165,6 +166,7 @@ def build_slots(config: Any) -> list:
                         supervisor=supervisor,
                         parent_pid=parent,
                         promote_scheduled=workers_promote,
+                        owns_process=True,
                     ),
                 )
             )
@@ -174,7 +176,11 @@ def build_slots(config: Any) -> list:
                 "dispatcher",
                 len(slots),
                 lambda supervisor, parent, d=dispatcher_options: Dispatcher(
-                    config=config, dispatcher=d, supervisor=supervisor, parent_pid=parent
+                    config=config,
+                    dispatcher=d,
+                    supervisor=supervisor,
+                    parent_pid=parent,
+                    owns_process=True,
                 ),
             )
         )
@@ -188,6 +194,7 @@ def build_slots(config: Any) -> list:
                     scheduler=config.scheduler,
                     supervisor=supervisor,
                     parent_pid=parent,
+                    owns_process=True,
                 ),
             )
         )
@@ -229,4 +236,4 @@ def supervise(command: Any, options: dict[str, Any]) -> int:
     backend = get_backend(options["backend"])
     configure_logging(options.get("verbosity", 1))
     config = supervised_config(backend.config, options)
-    return Supervisor(config=config, slots=build_slots(config)).run()
+    return Supervisor(config=config, slots=build_slots(config), owns_process=True).run()

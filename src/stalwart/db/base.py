@@ -5,6 +5,7 @@ as one protocol: insert, claim, finish, release, promote. Every state change is 
 fenced step: a statement that re-checks its condition in its ``WHERE`` clause.
 """
 
+import json
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ CLAIM_COLUMNS = (
     "worker_ids",
     "errors",
     "concurrency_key",
+    "isolated",
+    "unique_key",
 )
 
 # The columns an insert writes from each new job, in the order of insert_params()...
@@ -105,14 +108,20 @@ class ClaimedJob:
     worker_ids: list
     errors: list
     concurrency_key: str | None = None
+    # It must run alone: it was running when a process died beside other jobs.
+    isolated: bool = False
+    unique_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What became of one attempt, to be written if (and only if) we still own it.
 
-    ``status`` is the new state; ``available_at`` is set when the job goes back to waiting
-    (a retry); ``errors`` is the whole new error list (encoded), or None to leave it as is.
+    ``status`` is the new state; ``retry_in`` is set when the job goes back to waiting (a
+    retry): the seconds to wait, counted from the database's clock when the outcome is
+    written; ``errors`` is the whole new error list (encoded), or None to leave it as is.
+    ``keep_owner``: the attempt may still be running in a thread of ours (it timed out), so
+    the job stays ours, and is not made ready again, until our process row is gone.
     """
 
     id: uuid.UUID
@@ -120,7 +129,8 @@ class Outcome:
     status: str
     return_value: str | None = None
     errors: str | None = None
-    available_at: datetime | None = None
+    retry_in: float | None = None
+    keep_owner: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +183,11 @@ def decode_rows(connection: BaseDatabaseWrapper, names: Sequence[str], rows: Seq
     return decoded
 
 
+def decode_json(value: Any) -> Any:
+    """A JSON column's value from a raw cursor (text on some drivers, decoded on others)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
 def like_prefix(prefix: str) -> str:
     """A LIKE pattern for names starting with ``prefix`` (escape character: backslash)."""
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
@@ -195,6 +210,13 @@ _NO_WAITING_TWIN = f"""
             SELECT 1 FROM stalwart_job AS sibling
             WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
               AND sibling.status = candidate.status)))"""
+
+
+# A scheduled job may keep its owner: its attempt timed out and may still run in a thread of
+# that process, so it waits until the process row is gone (see ``Outcome.keep_owner``).
+NO_LIVE_OWNER = """
+    AND (candidate.owner IS NULL OR NOT EXISTS (
+        SELECT 1 FROM stalwart_process AS holder WHERE holder.id = candidate.owner))"""
 
 
 class Statements:
@@ -224,6 +246,12 @@ class Statements:
 
     def now_param(self) -> Any:
         return self.datetime_param(timezone.now())
+
+    def now_sql(self) -> tuple[str, list]:
+        """SQL for the database clock's "now", and its parameters: only the database's clock
+        decides when a job is due, a retry may run or a row is old (where the database has
+        a clock to offer; SQLite lives on one host, whose clock it uses)."""
+        return "%s", [self.now_param()]
 
     def queue_filter(
         self, pattern: QueuePattern, excluded: Sequence[QueuePattern]
@@ -257,7 +285,11 @@ class Statements:
     # -- the protocol ----------------------------------------------------------------------
 
     def insert(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
-        """Insert jobs, chunked into as few statements as the parameter limit allows."""
+        """Insert jobs, chunked into as few statements as the parameter limit allows.
+
+        Where the database has a clock, it decides whether each job is due (``status``) and
+        since when (``available_at``) from its ``run_after``; elsewhere ``NewJob`` says.
+        """
         for start in range(0, len(jobs), self.insert_chunk):
             self.insert_chunk_of(cursor, jobs[start : start + self.insert_chunk], notify)
 
@@ -285,7 +317,14 @@ class Statements:
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
+        alone: bool = True,
     ) -> list[ClaimedJob]:
+        """Claim up to ``limit`` ready jobs for ``owner``, most urgent first.
+
+        An isolated job (see ``Job.isolated``) runs alone: it is claimed only by a worker
+        with nothing else running (``alone``), and then as the only job of its claim; a
+        claim stops before the first isolated job it meets otherwise.
+        """
         raise NotImplementedError
 
     def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
@@ -308,23 +347,35 @@ class Statements:
         raise NotImplementedError
 
     def release_owner(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str, notify: bool
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        error_class: str,
+        error_text: str,
+        notify: bool,
+        death: bool = True,
     ) -> list[Released]:
-        """Take back every job a dead process held, recording the death as an error, and
-        hand on the concurrency slots they gave up. Call inside a transaction.
+        """Take back every job a process that is gone held, and hand on the concurrency slots
+        they gave up. Call inside a transaction.
 
-        A job whose failed attempts (errors, this one included) reach ``max_attempts`` is
-        failed; the others wait again. A graceful release (``release``) records no error,
-        so jobs given back at each deploy are never failed for it.
+        A crash is charged to the job that crashed, and only to it. If the process ran one
+        job when it died (``death``), that job is charged: the death is recorded as an error
+        (``error_class``, ``error_text``), and if its failed attempts, this one included,
+        reach ``max_attempts`` it is failed. If it ran several, which one killed it is
+        unknown: none is charged, and each is ``isolated``, to run alone next time, where a
+        death can only be its own. A process that ended on its own with jobs still running
+        (not ``death``: a shutdown timeout, a fence) gives them back uncharged, as a graceful
+        release (``release``) does, so jobs given back at each deploy are never failed for it.
         """
         released = self.release_owner_rows(
-            cursor, owner=owner, error_class=error_class, error_text=error_text
+            cursor, owner=owner, error_class=error_class, error_text=error_text, death=death
         )
         self.hand_on_slots(cursor, released, notify=notify)
         return released
 
     def release_owner_rows(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str, death: bool = True
     ) -> list[Released]:
         """``release_owner`` without the hand-on of slots, which must follow in the
         transaction (after the other owners', when several are taken back at once)."""
@@ -342,30 +393,64 @@ class Statements:
 
     # -- the process table -----------------------------------------------------------------
 
-    def silent_since_sql(self) -> str:
+    def ago_sql(self) -> str:
         """SQL for "the database clock minus %s seconds"."""
         raise NotImplementedError
 
-    def silent_since_params(self, seconds: float) -> list:
+    def ago_params(self, seconds: float) -> list:
         return [seconds]
 
     def dead_processes(self, cursor: Any, *, threshold: float, exclude: int | None) -> list:
         """Processes whose last heartbeat is older than ``threshold`` seconds (database clock)."""
         cursor.execute(
             "SELECT id, kind, name, pid, hostname, supervisor FROM stalwart_process "
-            f"WHERE last_heartbeat_at < {self.silent_since_sql()} AND id <> %s ORDER BY id",
-            [*self.silent_since_params(threshold), -1 if exclude is None else exclude],
+            f"WHERE last_heartbeat_at < {self.ago_sql()} AND id <> %s ORDER BY id",
+            [*self.ago_params(threshold), -1 if exclude is None else exclude],
         )
         return cursor.fetchall()
 
-    def delete_child_processes(self, cursor: Any, *, supervisor: int, pid: int) -> list:
-        """Delete a reaped child's row(s); return (id, kind, name, pid, hostname) of each."""
+    def delete_child_processes(self, cursor: Any, *, supervisors: Sequence[int], pid: int) -> list:
+        """Delete a reaped child's row(s); return (id, kind, name, pid, hostname, metadata)
+        of each."""
         cursor.execute(
-            "DELETE FROM stalwart_process WHERE supervisor = %s AND pid = %s "
-            "RETURNING id, kind, name, pid, hostname",
-            [supervisor, pid],
+            "DELETE FROM stalwart_process "
+            f"WHERE supervisor IN ({', '.join(['%s'] * len(supervisors))}) AND pid = %s "
+            "RETURNING id, kind, name, pid, hostname, metadata",
+            [*supervisors, pid],
         )
-        return sorted(cursor.fetchall())
+        return sorted((*row[:5], decode_json(row[5]) or {}) for row in cursor.fetchall())
+
+    def settled(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
+        """Of these outcomes, which were written after all: ``{id: finished_at}``.
+
+        Asked after a write whose answer was lost (the connection broke after COMMIT, and
+        the retry matched nothing). While our process row stands, no one else takes a job
+        from us (only a prune or the orphan sweep would, and both need our row gone), so a
+        job no longer running under this attempt for us was moved by our own write.
+        """
+        if not outcomes:
+            return {}
+        ids = [outcome.id for outcome in outcomes]
+        cursor.execute(
+            "SELECT id, status, owner, attempt, finished_at FROM stalwart_job "
+            f"WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+            "AND EXISTS (SELECT 1 FROM stalwart_process WHERE id = %s)",
+            [*(self.uuid_param(job_id) for job_id in ids), owner],
+        )
+        names = ["id", "status", "owner", "attempt", "finished_at"]
+        rows = {row[0]: row for row in decode_rows(self.connection, names, cursor.fetchall())}
+        if not rows:
+            return {}  # our row is gone (or so are the jobs): nothing can be vouched for
+        written = {}
+        for outcome in outcomes:
+            row = rows.get(outcome.id)
+            if row is None:
+                continue
+            _, status, row_owner, attempt, finished_at = row
+            still_ours = status == "running" and row_owner == owner
+            if attempt > outcome.attempt or (attempt == outcome.attempt and not still_ours):
+                written[outcome.id] = finished_at
+        return written
 
     def owned_running(self, cursor: Any, *, owner: int) -> list:
         cursor.execute(
@@ -377,6 +462,10 @@ class Statements:
             (pk.to_python(row[0]) if not isinstance(row[0], uuid.UUID) else row[0], row[1])
             for row in cursor.fetchall()
         ]
+
+    def wait_briefly_for_locks(self, cursor: Any) -> None:
+        """For the rest of this transaction, give up on a lock after a moment (where the
+        database can): for writes that may wait on an application's transaction."""
 
     def take_write_lock(self, cursor: Any) -> None:
         """Make the transaction a writer before it reads (SQLite: no read-then-upgrade)."""
@@ -390,14 +479,18 @@ class Statements:
         )
         return sorted(row[0] for row in cursor.fetchall())
 
-    def delete_process_if_dead(self, cursor: Any, *, process_id: int, threshold: float) -> bool:
-        """Delete the row only if it is still silent (compare-and-set); True if deleted."""
+    def delete_process_if_dead(
+        self, cursor: Any, *, process_id: int, threshold: float
+    ) -> dict | None:
+        """Delete the row only if it is still silent (compare-and-set); return its metadata
+        if deleted, None if not."""
         cursor.execute(
             "DELETE FROM stalwart_process "
-            f"WHERE id = %s AND last_heartbeat_at < {self.silent_since_sql()}",
-            [process_id, *self.silent_since_params(threshold)],
+            f"WHERE id = %s AND last_heartbeat_at < {self.ago_sql()} RETURNING metadata",
+            [process_id, *self.ago_params(threshold)],
         )
-        return cursor.rowcount == 1
+        row = cursor.fetchone()
+        return None if row is None else (decode_json(row[0]) or {})
 
     # -- leases and recurring ticks --------------------------------------------------------
 
@@ -415,19 +508,20 @@ class Statements:
 
     def release_lease(self, cursor: Any, *, name: str, holder: str) -> bool:
         """Let the lease go now, if we hold it."""
-        now = self.now_param()
+        now, params = self.now_sql()
         cursor.execute(
-            "UPDATE stalwart_lease SET expires_at = %s WHERE name = %s AND holder = %s",
-            [now, name, holder],
+            f"UPDATE stalwart_lease SET expires_at = {now} WHERE name = %s AND holder = %s",
+            [*params, name, holder],
         )
         return cursor.rowcount == 1
 
     def claim_tick(self, cursor: Any, *, key: str, run_at: datetime, job_id: uuid.UUID) -> bool:
         """Record that the tick ``(key, run_at)`` is enqueued; False if someone already did."""
+        now, params = self.now_sql()
         cursor.execute(
             "INSERT INTO stalwart_recurring_run (key, run_at, job_id, created_at) "
-            "VALUES (%s, %s, %s, %s) ON CONFLICT (key, run_at) DO NOTHING",
-            [key, self.datetime_param(run_at), self.uuid_param(job_id), self.now_param()],
+            f"VALUES (%s, %s, %s, {now}) ON CONFLICT (key, run_at) DO NOTHING",
+            [key, self.datetime_param(run_at), self.uuid_param(job_id), *params],
         )
         return cursor.rowcount == 1
 
@@ -512,20 +606,20 @@ class Statements:
         The row lock (a write, so SQLite's write lock too) serialises everyone who hands
         out this key's slots until the transaction ends.
         """
-        now = self.now_param()
+        now, params = self.now_sql()
         if limit is None:
             cursor.execute(
-                "UPDATE stalwart_concurrency_key SET updated_at = %s WHERE key = %s "
+                f"UPDATE stalwart_concurrency_key SET updated_at = {now} WHERE key = %s "
                 "RETURNING slot_limit",
-                [now, key],
+                [*params, key],
             )
         else:
             cursor.execute(
                 "INSERT INTO stalwart_concurrency_key (key, slot_limit, updated_at) "
-                "VALUES (%s, %s, %s) ON CONFLICT (key) DO UPDATE "
+                f"VALUES (%s, %s, {now}) ON CONFLICT (key) DO UPDATE "
                 "SET slot_limit = excluded.slot_limit, updated_at = excluded.updated_at "
                 "RETURNING slot_limit",
-                [key, limit, now],
+                [key, limit, *params],
             )
         row = cursor.fetchone()
         return 0 if row is None else row[0]
@@ -634,6 +728,10 @@ class Statements:
             params.append(queue_name)
         return " ".join(sql), params
 
+    # Locks rows as a statement reads them (after ORDER BY id: so in id order), or nothing
+    # where the database has one writer at a time anyway.
+    row_lock: ClassVar[str] = ""
+
     def requeue_batch(
         self,
         cursor: Any,
@@ -648,7 +746,9 @@ class Statements:
 
         Jobs with a concurrency key go to ``blocked`` (a slot is then handed out), the rest to
         ``ready``. A failed job gets one more attempt than it has failed. A job whose unique
-        key is taken by a waiting twin is left as it is.
+        key is taken by a waiting twin is left as it is, and so is a scheduled job whose
+        timed-out attempt may still run in a live process (its ``owner``). Rows are locked
+        in id order.
         """
         attempts = ""
         if grant_attempt:
@@ -657,19 +757,21 @@ class Statements:
                 f", max_attempts = CASE WHEN max_attempts > {failed} THEN max_attempts "
                 f"ELSE {failed} + 1 END"
             )
+        now, now_params = self.now_sql()
         cursor.execute(
             f"""
+            WITH chosen AS MATERIALIZED (
+                SELECT id FROM stalwart_job AS candidate
+                WHERE status = %s {conditions} {_NO_WAITING_TWIN} {NO_LIVE_OWNER}
+                ORDER BY id LIMIT %s {self.row_lock}
+            )
             UPDATE stalwart_job
             SET status = CASE WHEN concurrency_key IS NULL THEN 'ready' ELSE 'blocked' END,
-                finished_at = NULL, available_at = %s{attempts}
-            WHERE status = %s AND id IN (
-                SELECT id FROM stalwart_job AS candidate
-                WHERE status = %s {conditions} {_NO_WAITING_TWIN}
-                ORDER BY id LIMIT %s
-            )
+                finished_at = NULL, owner = NULL, available_at = {now}{attempts}
+            WHERE status = %s AND id IN (SELECT id FROM chosen)
             RETURNING queue_name, concurrency_key
             """,
-            [self.now_param(), status, status, *params, limit],
+            [status, *params, limit, *now_params, status],
         )
         return cursor.fetchall()
 
@@ -677,7 +779,7 @@ class Statements:
         """How many jobs ``requeue_batch`` would move (for a dry run)."""
         cursor.execute(
             f"SELECT count(*) FROM stalwart_job AS candidate "
-            f"WHERE status = %s {conditions} {_NO_WAITING_TWIN}",
+            f"WHERE status = %s {conditions} {_NO_WAITING_TWIN} {NO_LIVE_OWNER}",
             [status, *params],
         )
         return cursor.fetchone()[0]
@@ -690,22 +792,24 @@ class Statements:
         conditions: str,
         params: list,
         limit: int,
-        finished_before: datetime | None = None,
+        older_than: float | None = None,
     ) -> int:
-        """Delete up to ``limit`` jobs in ``statuses``; return how many."""
-        chosen, chosen_params = self._status_and_age(statuses, finished_before)
+        """Delete up to ``limit`` jobs in ``statuses`` (finished over ``older_than`` seconds
+        ago by the database's clock, if given), locking them in id order; return how many."""
+        chosen, chosen_params = self._status_and_age(statuses, older_than)
         cursor.execute(
             f"""
-            DELETE FROM stalwart_job
-            WHERE {chosen} AND id IN (
+            WITH chosen AS MATERIALIZED (
                 SELECT id FROM stalwart_job
                 WHERE {chosen} {conditions}
-                ORDER BY id LIMIT %s
+                ORDER BY id LIMIT %s {self.row_lock}
             )
+            DELETE FROM stalwart_job WHERE {chosen} AND id IN (SELECT id FROM chosen)
+            RETURNING id
             """,
-            [*chosen_params, *chosen_params, *params, limit],
+            [*chosen_params, *params, limit, *chosen_params],
         )
-        return cursor.rowcount
+        return len(cursor.fetchall())  # (SQLite reports no row count after a WITH)
 
     def count_selected(
         self,
@@ -714,9 +818,9 @@ class Statements:
         statuses: Sequence[str],
         conditions: str,
         params: list,
-        finished_before: datetime | None = None,
+        older_than: float | None = None,
     ) -> int:
-        chosen, chosen_params = self._status_and_age(statuses, finished_before)
+        chosen, chosen_params = self._status_and_age(statuses, older_than)
         cursor.execute(
             f"SELECT count(*) FROM stalwart_job WHERE {chosen} {conditions}",
             [*chosen_params, *params],
@@ -724,22 +828,25 @@ class Statements:
         return cursor.fetchone()[0]
 
     def _status_and_age(
-        self, statuses: Sequence[str], finished_before: datetime | None
+        self, statuses: Sequence[str], older_than: float | None
     ) -> tuple[str, list]:
-        """The condition (and its parameters) for jobs in ``statuses`` that finished before
-        ``finished_before``, if given."""
+        """The condition (and its parameters) for jobs in ``statuses`` that finished more
+        than ``older_than`` seconds ago, if given."""
         sql = f"status IN ({', '.join(['%s'] * len(statuses))})"
-        if finished_before is None:
+        if older_than is None:
             return sql, [*statuses]
-        return f"{sql} AND finished_at < %s", [*statuses, self.datetime_param(finished_before)]
+        return f"{sql} AND finished_at < {self.ago_sql()}", [
+            *statuses,
+            *self.ago_params(older_than),
+        ]
 
-    def delete_old_ticks(self, cursor: Any, *, before: datetime) -> int:
-        """Forget recurring ticks older than ``before``, keeping each key's latest."""
+    def delete_old_ticks(self, cursor: Any, *, older_than: float) -> int:
+        """Forget recurring ticks over ``older_than`` seconds old, keeping each key's latest."""
         cursor.execute(
-            "DELETE FROM stalwart_recurring_run WHERE run_at < %s AND run_at < ("
+            f"DELETE FROM stalwart_recurring_run WHERE run_at < {self.ago_sql()} AND run_at < ("
             "SELECT max(latest.run_at) FROM stalwart_recurring_run AS latest "
             "WHERE latest.key = stalwart_recurring_run.key)",
-            [self.datetime_param(before)],
+            self.ago_params(older_than),
         )
         return cursor.rowcount
 

@@ -6,7 +6,7 @@ connection, SQLite's "database is locked". Everything else propagates as it is.
 
 import sqlite3
 
-from django.db import DatabaseError, IntegrityError, InterfaceError
+from django.db import DatabaseError, DataError, IntegrityError, InterfaceError
 
 # SQLSTATE classes and codes (PostgreSQL, and MySQL where it reports them).
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "40", "57P")
@@ -41,3 +41,22 @@ def is_unique_conflict(error: BaseException) -> bool:
         return False
     cause = error.__cause__ or error
     return _sqlstate(cause) == "23505" or "UNIQUE constraint failed" in str(cause)
+
+
+# SQLSTATE classes of errors about the data a statement carries, not about the database:
+# data exceptions, integrity violations, program limits (a row or index entry too large).
+_DATA_SQLSTATE_CLASSES = ("22", "23", "54")
+
+
+def refuses_the_data(error: BaseException) -> bool:
+    """The database refused what a statement carried (a value too long, a constraint), as
+    opposed to being unable to run it at all (gone, full, read-only, missing a table)."""
+    if isinstance(error, DataError | IntegrityError):
+        return True
+    state = _sqlstate(error.__cause__ or error)
+    return bool(state) and state[:2] in _DATA_SQLSTATE_CLASSES
+
+
+def is_lock_wait(error: BaseException) -> bool:
+    """A lock (or another transaction's uncommitted row) was waited on too long."""
+    return _sqlstate(error.__cause__ or error) == "55P03"

@@ -3,8 +3,13 @@
 Read top to bottom: insert (and notify on commit), claim (lock with SKIP LOCKED inside a
 materialised CTE, so the planner cannot run the LIMIT subquery twice), finish (fenced on
 owner and attempt), release, take back a dead owner's jobs, promote due scheduled jobs.
-Statements that lock rows another statement may also lock take them in id order, so they do
-not deadlock each other; were a deadlock to happen anyway, it is retried as a transient error.
+Statements that lock rows another statement may also lock take them in id order (a
+materialised ``SELECT … ORDER BY id FOR UPDATE`` first), so they do not deadlock each
+other; were a deadlock to happen anyway, it is retried as a transient error.
+
+Only the database's clock decides: a job's state and times at insert, when a retry may run,
+when a scheduled job is due, when a process is silent, when a row is old. Hosts may disagree
+about the time; the database never disagrees with itself.
 """
 
 from collections.abc import Sequence
@@ -14,6 +19,7 @@ from stalwart.db.base import (
     CLAIM_COLUMNS,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
+    NO_LIVE_OWNER,
     ClaimedJob,
     NewJob,
     Outcome,
@@ -32,7 +38,8 @@ _SIBLING_IN_HELD = """
     SELECT 1 FROM held AS other_held JOIN stalwart_job AS other ON other.id = other_held.id
     WHERE other.unique_key = job.unique_key AND other.id < job.id"""
 _LAST_ATTEMPT = "jsonb_array_length(job.errors) + 1 >= job.max_attempts"
-_STATUS_AFTER_DEATH = f"CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
+_CHARGED_AT_LAST_ATTEMPT = f"(charge.alone AND {_LAST_ATTEMPT})"
+_STATUS_AFTER_DEATH = f"CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
 # The type of each column an insert writes, for the casts of its parameters.
 _COLUMN_TYPES = {
     "id": "uuid",
@@ -60,21 +67,35 @@ _INSERT_TYPES = [_COLUMN_TYPES[name] for name in INSERT_COLUMNS]
 _INSERT_INTO = f"INSERT INTO stalwart_job ({', '.join([*INSERT_COLUMNS, *INSERT_CONSTANTS])})"
 # Typed, since PostgreSQL would read an untyped literal in a VALUES list as text.
 _CONSTANTS = [f"{value}::{_COLUMN_TYPES[name]}" for name, value in INSERT_CONSTANTS.items()]
+# Whether a new job is due, and since when, is the database clock's verdict on its
+# run_after (enqueued_at stays the caller's record of when it called enqueue).
+_BY_THE_DATABASE_CLOCK = {
+    "status": "CASE WHEN row.run_after > now() THEN 'scheduled' "
+    "WHEN row.concurrency_key IS NOT NULL THEN 'blocked' ELSE 'ready' END",
+    "available_at": "GREATEST(row.run_after, now())",
+}
+_ROW = f"row({', '.join(INSERT_COLUMNS)})"
+
+
+def _insert_select(*, cast_json: bool) -> str:
+    columns = [
+        _BY_THE_DATABASE_CLOCK.get(name)
+        or (f"row.{name}::jsonb" if cast_json and kind == "jsonb" else f"row.{name}")
+        for name, kind in zip(INSERT_COLUMNS, _INSERT_TYPES, strict=True)
+    ]
+    return f"{_INSERT_INTO} SELECT {', '.join(columns + _CONSTANTS)}"
+
+
 # A few rows go as VALUES (cheap to send)...
-_VALUES_ROW = "(" + ", ".join([f"%s::{kind}" for kind in _INSERT_TYPES] + _CONSTANTS) + ")"
+_VALUES_ROW = "(" + ", ".join(f"%s::{kind}" for kind in _INSERT_TYPES) + ")"
+_INSERT_VALUES = _insert_select(cast_json=False) + " FROM (VALUES {rows}) AS " + _ROW
 # ...many as one array per column (JSON as text arrays, each element cast on the way out).
-_UNNEST_SOURCE = (
-    "SELECT "
-    + ", ".join(
-        [
-            f"{name}::jsonb" if kind == "jsonb" else name
-            for name, kind in zip(INSERT_COLUMNS, _INSERT_TYPES, strict=True)
-        ]
-        + _CONSTANTS
-    )
+_INSERT_UNNEST = (
+    _insert_select(cast_json=True)
     + " FROM unnest("
     + ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in _INSERT_TYPES)
-    + f") AS row({', '.join(INSERT_COLUMNS)})"
+    + ") AS "
+    + _ROW
 )
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
@@ -104,12 +125,14 @@ class PostgreSQLStatements(Statements):
         rows = [self.insert_params(job) for job in jobs]
         if len(jobs) <= SMALL_INSERT:
             params = [value for row in rows for value in row]
-            insert = f"{_INSERT_INTO} VALUES {', '.join([_VALUES_ROW] * len(jobs))}"
+            insert = _INSERT_VALUES.format(rows=", ".join([_VALUES_ROW] * len(jobs)))
         else:
             params = [list(column) for column in zip(*rows, strict=True)]
-            insert = f"{_INSERT_INTO} {_UNNEST_SOURCE}"
-        ready_queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
-        if not (notify and ready_queues):
+            insert = _INSERT_UNNEST
+        # Queues getting a ready job, as far as this host can tell (a job the database finds
+        # due though the host did not is found at the next poll).
+        queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
+        if not (notify and queues):
             cursor.execute(insert, params)
             return
         # NOTIFY is transactional: idle workers wake when the enqueue commits, not before.
@@ -119,8 +142,20 @@ class PostgreSQLStatements(Statements):
             SELECT (SELECT count(*) FROM inserted),
                    (SELECT count(pg_notify('{CHANNEL}', q)) FROM unnest(%s::text[]) AS q)
             """,
-            [*params, ready_queues],
+            [*params, queues],
         )
+
+    def insert_unique(self, cursor: Any, job: NewJob, notify: bool) -> bool:
+        cursor.execute(
+            f"{_INSERT_VALUES.format(rows=_VALUES_ROW)} "
+            f"ON CONFLICT (unique_key) WHERE {self.unique_predicate()} DO NOTHING "
+            "RETURNING status",
+            self.insert_params(job),
+        )
+        row = cursor.fetchone()
+        if row is not None and notify and row[0] == "ready":
+            self.notify(cursor, [job.queue_name])
+        return row is not None
 
     # The claim, in two parts so that it can also follow a finish in one statement.
     _CLAIM_CTES = """
@@ -130,11 +165,21 @@ class PostgreSQLStatements(Statements):
                 SELECT id FROM stalwart_process WHERE id = %s FOR KEY SHARE
             ),
             picked AS MATERIALIZED (
-                SELECT id FROM stalwart_job
-                WHERE status = 'ready' {conditions} AND EXISTS (SELECT 1 FROM claimant)
-                ORDER BY priority DESC, available_at, id
-                LIMIT %s
-                FOR UPDATE SKIP LOCKED
+                SELECT id, isolated,
+                       row_number() OVER (ORDER BY priority DESC, available_at, id) AS place
+                FROM (
+                    SELECT id, isolated, priority, available_at FROM stalwart_job
+                    WHERE status = 'ready' {conditions} AND EXISTS (SELECT 1 FROM claimant)
+                    ORDER BY priority DESC, available_at, id
+                    LIMIT %s
+                    FOR UPDATE SKIP LOCKED
+                ) AS candidate
+            ),
+            chosen AS MATERIALIZED (
+                -- Up to the first isolated job; that one only alone, and only if alone.
+                SELECT id FROM picked
+                WHERE place < (SELECT COALESCE(min(place), 2147483647) FROM picked WHERE isolated)
+                   OR (%s AND place = 1 AND isolated)
             )"""
     _CLAIM_UPDATE = """
             UPDATE stalwart_job AS job
@@ -144,9 +189,14 @@ class PostgreSQLStatements(Statements):
                 started_at = COALESCE(job.started_at, now()),
                 last_attempted_at = now(),
                 worker_ids = job.worker_ids || jsonb_build_array(%s::text)
-            FROM picked
-            WHERE job.id = picked.id AND job.status = 'ready'
+            FROM chosen
+            WHERE job.id = chosen.id AND job.status = 'ready'
             RETURNING {returning}"""
+
+    def _claim_params(
+        self, owner: int, worker_name: str, filter_params: list, limit: int, alone: bool
+    ) -> list:
+        return [owner, *filter_params, limit, alone, owner, worker_name]
 
     def claim(
         self,
@@ -157,23 +207,31 @@ class PostgreSQLStatements(Statements):
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
+        alone: bool = True,
     ) -> list[ClaimedJob]:
         conditions, filter_params = self.queue_filter(pattern, excluded)
         cursor.execute(
             "WITH"
             + self._CLAIM_CTES.format(conditions=conditions)
             + self._CLAIM_UPDATE.format(returning=_RETURNING),
-            [owner, *filter_params, limit, owner, worker_name],
+            self._claim_params(owner, worker_name, filter_params, limit, alone),
         )
         return self.claimed_from_rows(cursor.fetchall())
 
-    # The finish, likewise in parts.
-    _OUTCOME_CTE = """
+    # The finish, likewise in parts: the outcomes, the rows still ours locked in id order,
+    # then the update.
+    _OUTCOME_CTES = """
             outcome AS MATERIALIZED (
                 SELECT * FROM unnest(
                     %s::uuid[], %s::integer[], %s::text[], %s::text[], %s::text[],
-                    %s::timestamptz[]
-                ) AS o(id, attempt, status, return_value, errors, available_at)
+                    %s::float8[], %s::boolean[]
+                ) AS o(id, attempt, status, return_value, errors, retry_in, keep_owner)
+            ),
+            ours AS MATERIALIZED (
+                SELECT job.id FROM stalwart_job AS job JOIN outcome ON outcome.id = job.id
+                WHERE job.status = 'running' AND job.owner = %s AND job.attempt = outcome.attempt
+                ORDER BY job.id
+                FOR UPDATE OF job
             )"""
     _SIBLING_IN_OUTCOME = """
             SELECT 1 FROM outcome AS other_outcome
@@ -184,20 +242,22 @@ class PostgreSQLStatements(Statements):
     _FINISH_UPDATE = f"""
             UPDATE stalwart_job AS job
             SET status = outcome.status,
-                owner = NULL,
+                owner = CASE WHEN outcome.keep_owner THEN job.owner END,
+                isolated = false,
                 finished_at = CASE WHEN outcome.status IN ('successful', 'failed')
                                    THEN now() END,
-                available_at = COALESCE(outcome.available_at, job.available_at),
+                available_at = CASE WHEN outcome.retry_in IS NULL THEN job.available_at
+                                    ELSE now() + make_interval(secs => outcome.retry_in) END,
                 return_value = outcome.return_value::jsonb,
                 errors = COALESCE(outcome.errors::jsonb, job.errors),
                 {Statements.unique_key_leaving("job", "outcome.status", _SIBLING_IN_OUTCOME)}
-            FROM outcome
+            FROM outcome JOIN ours ON ours.id = outcome.id
             WHERE job.id = outcome.id
               AND job.status = 'running' AND job.owner = %s AND job.attempt = outcome.attempt
             RETURNING job.id, job.finished_at"""
 
     @staticmethod
-    def _outcome_params(outcomes: Sequence[Outcome]) -> list:
+    def _outcome_params(outcomes: Sequence[Outcome], owner: int) -> list:
         # Outcomes go in id order, so concurrent writers lock rows in one order.
         outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
         return [
@@ -206,13 +266,15 @@ class PostgreSQLStatements(Statements):
             [outcome.status for outcome in outcomes],
             [outcome.return_value for outcome in outcomes],
             [outcome.errors for outcome in outcomes],
-            [outcome.available_at for outcome in outcomes],
+            [outcome.retry_in for outcome in outcomes],
+            [outcome.keep_owner for outcome in outcomes],
+            owner,
         ]
 
     def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
         cursor.execute(
-            "WITH" + self._OUTCOME_CTE + self._FINISH_UPDATE,
-            [*self._outcome_params(outcomes), owner],
+            "WITH" + self._OUTCOME_CTES + self._FINISH_UPDATE,
+            [*self._outcome_params(outcomes, owner), owner],
         )
         return dict(cursor.fetchall())
 
@@ -228,6 +290,7 @@ class PostgreSQLStatements(Statements):
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
+        alone: bool = True,
     ) -> tuple[dict, list[ClaimedJob]]:
         """Write outcomes and claim new jobs in one statement: one round trip, one commit.
 
@@ -238,7 +301,7 @@ class PostgreSQLStatements(Statements):
         conditions, filter_params = self.queue_filter(pattern, excluded)
         cursor.execute(
             "WITH"
-            + self._OUTCOME_CTE
+            + self._OUTCOME_CTES
             + ",\n            finished AS ("
             + self._FINISH_UPDATE
             + "),"
@@ -248,13 +311,9 @@ class PostgreSQLStatements(Statements):
             + f")\n            SELECT 'c', {', '.join(CLAIM_COLUMNS)} FROM claimed"
             + f"\n            UNION ALL SELECT 'f', {_FINISHED_AS_CLAIMED} FROM finished",
             [
-                *self._outcome_params(outcomes),
+                *self._outcome_params(outcomes, owner),
                 owner,
-                owner,
-                *filter_params,
-                limit,
-                owner,
-                worker_name,
+                *self._claim_params(owner, worker_name, filter_params, limit, alone),
             ],
         )
         rows = cursor.fetchall()
@@ -304,7 +363,7 @@ class PostgreSQLStatements(Statements):
         return [Released(*row) for row in cursor.fetchall()]
 
     def release_owner_rows(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str, death: bool = True
     ) -> list[Released]:
         waiting = self.status_after_release("job")
         cursor.execute(
@@ -315,15 +374,21 @@ class PostgreSQLStatements(Statements):
                 ORDER BY id
                 FOR UPDATE
             ),
+            -- A death is charged only to a job that was alone in its process.
+            charge AS MATERIALIZED (SELECT %s::boolean AND count(*) = 1 AS alone FROM held),
             released AS (
                 UPDATE stalwart_job AS job
-                SET status = CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE {waiting} END,
-                    finished_at = CASE WHEN {_LAST_ATTEMPT} THEN now() END,
+                SET status = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed'
+                                  ELSE {waiting} END,
+                    finished_at = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN now() END,
                     owner = NULL,
+                    isolated = job.isolated OR %s::boolean,
                     {self.unique_key_leaving("job", _STATUS_AFTER_DEATH, _SIBLING_IN_HELD)},
-                    errors = job.errors || jsonb_build_array(jsonb_build_object(
-                        'exception_class_path', %s::text, 'traceback', %s::text))
-                FROM held
+                    errors = CASE WHEN charge.alone THEN
+                        job.errors || jsonb_build_array(jsonb_build_object(
+                            'exception_class_path', %s::text, 'traceback', %s::text))
+                        ELSE job.errors END
+                FROM held, charge
                 WHERE job.id = held.id AND job.status = 'running' AND job.owner = %s
                 RETURNING job.id, job.status, job.queue_name, job.concurrency_key
             ),
@@ -334,7 +399,7 @@ class PostgreSQLStatements(Statements):
             SELECT id, status, queue_name, concurrency_key
             FROM released, (SELECT count(*) FROM wake) AS woken
             """,
-            [owner, error_class, error_text, owner],
+            [owner, death, death, error_class, error_text, owner],
         )
         return [Released(*row) for row in cursor.fetchall()]
 
@@ -349,8 +414,8 @@ class PostgreSQLStatements(Statements):
         cursor.execute(
             f"""
             WITH due AS MATERIALIZED (
-                SELECT id FROM stalwart_job
-                WHERE status = 'scheduled' AND available_at <= now()
+                SELECT id FROM stalwart_job AS candidate
+                WHERE status = 'scheduled' AND available_at <= now() {NO_LIVE_OWNER}
                 ORDER BY available_at, id
                 LIMIT %s
                 FOR UPDATE SKIP LOCKED
@@ -358,7 +423,8 @@ class PostgreSQLStatements(Statements):
             promoted AS (
                 UPDATE stalwart_job AS job
                 SET status = CASE WHEN job.concurrency_key IS NULL THEN 'ready'
-                                  ELSE 'blocked' END
+                                  ELSE 'blocked' END,
+                    owner = NULL
                 FROM due WHERE job.id = due.id AND job.status = 'scheduled'
                 RETURNING job.queue_name, job.status, job.concurrency_key
             ){wake}
@@ -378,8 +444,16 @@ class PostgreSQLStatements(Statements):
                 [sorted(set(queue_names))],
             )
 
-    def silent_since_sql(self) -> str:
+    def ago_sql(self) -> str:
         return "now() - make_interval(secs => %s)"
+
+    def now_sql(self) -> tuple[str, list]:
+        return "now()", []
+
+    row_lock = "FOR UPDATE"
+
+    def wait_briefly_for_locks(self, cursor: Any) -> None:
+        cursor.execute("SET LOCAL lock_timeout = '50ms'")
 
     def database_now(self, cursor: Any) -> Any:
         cursor.execute("SELECT now()")

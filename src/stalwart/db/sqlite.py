@@ -17,6 +17,7 @@ from django.utils import timezone
 from stalwart.db.base import (
     CLAIM_COLUMNS,
     INSERT_COLUMNS,
+    NO_LIVE_OWNER,
     ClaimedJob,
     Outcome,
     Released,
@@ -26,12 +27,13 @@ from stalwart.queues import QueuePattern
 
 _RETURNING = ", ".join(CLAIM_COLUMNS)
 _NO_SIBLING = "SELECT 1 WHERE 0"  # statements here move one job at a time
-_LAST_ATTEMPT = "json_array_length(errors) + 1 >= max_attempts"
-_STATUS_AFTER_DEATH = f"CASE WHEN {_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
+# A death is charged to a job only if it was alone in its process (the first parameter).
+_CHARGED_AT_LAST_ATTEMPT = "(%s AND json_array_length(errors) + 1 >= max_attempts)"
+_STATUS_AFTER_DEATH = f"CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
 # The statements that move one job out of running, fenced on its owner (and attempt).
 _FINISH_ONE = f"""
     UPDATE stalwart_job
-    SET status = %s, owner = NULL, finished_at = %s,
+    SET status = %s, owner = CASE WHEN %s THEN owner END, isolated = 0, finished_at = %s,
         available_at = COALESCE(%s, available_at),
         return_value = %s, errors = COALESCE(%s, errors),
         {Statements.unique_key_leaving("stalwart_job", "%s", _NO_SIBLING)}
@@ -45,12 +47,13 @@ _RELEASE_ONE = f"""
     RETURNING id, status, queue_name, concurrency_key"""
 _RELEASE_DEAD_ONE = f"""
     UPDATE stalwart_job
-    SET status = CASE WHEN {_LAST_ATTEMPT} THEN 'failed'
+    SET status = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed'
                       ELSE {Statements.status_after_release("stalwart_job")} END,
-        finished_at = CASE WHEN {_LAST_ATTEMPT} THEN %s END,
+        finished_at = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN %s END,
         owner = NULL,
+        isolated = isolated OR %s,
         {Statements.unique_key_leaving("stalwart_job", _STATUS_AFTER_DEATH, _NO_SIBLING)},
-        errors = json_insert(errors, '$[#]', json(%s))
+        errors = CASE WHEN %s THEN json_insert(errors, '$[#]', json(%s)) ELSE errors END
     WHERE id = %s AND status = 'running' AND owner = %s
     RETURNING id, status, queue_name, concurrency_key"""
 
@@ -70,6 +73,7 @@ class SQLiteStatements(Statements):
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
+        alone: bool = True,
     ) -> list[ClaimedJob]:
         conditions, filter_params = self.queue_filter(pattern, excluded)
         now = self.now_param()
@@ -85,28 +89,43 @@ class SQLiteStatements(Statements):
             WHERE status = 'ready'
               AND EXISTS (SELECT 1 FROM stalwart_process WHERE id = %s)
               AND id IN (
-                SELECT id FROM stalwart_job
-                WHERE status = 'ready' {conditions}
-                ORDER BY priority DESC, available_at, id
-                LIMIT %s
+                WITH picked AS MATERIALIZED (
+                    SELECT id, isolated,
+                           row_number() OVER (ORDER BY priority DESC, available_at, id) AS place
+                    FROM (
+                        SELECT id, isolated, priority, available_at FROM stalwart_job
+                        WHERE status = 'ready' {conditions}
+                        ORDER BY priority DESC, available_at, id
+                        LIMIT %s
+                    )
+                )
+                -- Up to the first isolated job; that one only alone, and only if alone.
+                SELECT id FROM picked
+                WHERE place < (SELECT COALESCE(min(place), 2147483647) FROM picked WHERE isolated)
+                   OR (%s AND place = 1 AND isolated)
             )
             RETURNING {_RETURNING}
             """,
-            [owner, now, now, worker_name, owner, *filter_params, limit],
+            [owner, now, now, worker_name, owner, *filter_params, limit, alone],
         )
         return self.claimed_from_rows(cursor.fetchall())
 
     def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
-        now = self.now_param()
+        moment = timezone.now()
+        now = self.datetime_param(moment)
         written = {}
         for outcome in outcomes:
             final = outcome.status in ("successful", "failed")
+            retry_at = None
+            if outcome.retry_in is not None:
+                retry_at = self.datetime_param(moment + timedelta(seconds=outcome.retry_in))
             cursor.execute(
                 _FINISH_ONE,
                 [
                     outcome.status,
+                    outcome.keep_owner,
                     now if final else None,
-                    self.datetime_param(outcome.available_at),
+                    retry_at,
                     outcome.return_value,
                     outcome.errors,
                     outcome.status,
@@ -143,7 +162,7 @@ class SQLiteStatements(Statements):
         return released
 
     def release_owner_rows(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str
+        self, cursor: Any, *, owner: int, error_class: str, error_text: str, death: bool = True
     ) -> list[Released]:
         # A write first (it takes the write lock and lists the jobs), then one statement per
         # job, so each sees the ones before it: twins released together never collide.
@@ -155,9 +174,13 @@ class SQLiteStatements(Statements):
         ids = sorted(row[0] for row in cursor.fetchall())
         error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
         now = self.now_param()
+        charged = death and len(ids) == 1  # a death is charged only to a job alone
         released = []
         for job_id in ids:
-            cursor.execute(_RELEASE_DEAD_ONE, [now, error, job_id, owner])
+            cursor.execute(
+                _RELEASE_DEAD_ONE,
+                [charged, charged, now, death, charged, charged, error, job_id, owner],
+            )
             released.extend(self._released(cursor.fetchone()))
         return released
 
@@ -171,12 +194,13 @@ class SQLiteStatements(Statements):
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
         # Jobs with a concurrency key wait for a slot (blocked); the others are ready.
         cursor.execute(
-            """
+            f"""
             UPDATE stalwart_job
-            SET status = CASE WHEN concurrency_key IS NULL THEN 'ready' ELSE 'blocked' END
+            SET status = CASE WHEN concurrency_key IS NULL THEN 'ready' ELSE 'blocked' END,
+                owner = NULL
             WHERE status = 'scheduled' AND id IN (
-                SELECT id FROM stalwart_job
-                WHERE status = 'scheduled' AND available_at <= %s
+                SELECT id FROM stalwart_job AS candidate
+                WHERE status = 'scheduled' AND available_at <= %s {NO_LIVE_OWNER}
                 ORDER BY available_at, id
                 LIMIT %s
             )
@@ -190,10 +214,10 @@ class SQLiteStatements(Statements):
     def error_count_sql(self, column: str) -> str:
         return f"json_array_length({column})"
 
-    def silent_since_sql(self) -> str:
+    def ago_sql(self) -> str:
         return "%s"
 
-    def silent_since_params(self, seconds: float) -> list:
+    def ago_params(self, seconds: float) -> list:
         return [self.datetime_param(timezone.now() - timedelta(seconds=seconds))]
 
     def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool:

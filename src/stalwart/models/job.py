@@ -74,6 +74,10 @@ class Job(models.Model):
     # Uniqueness: at most one waiting job (and, if asked, running job) per key.
     unique_key = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     unique_while_running = models.BooleanField(default=False, db_default=False)
+    # The job was running when its process died with other jobs beside it. Which one killed
+    # the process is unknown, so none is charged for the death; each runs alone next time,
+    # where a death can only be its own. Cleared once an attempt ends.
+    isolated = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "stalwart_job"

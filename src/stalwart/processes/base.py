@@ -1,7 +1,13 @@
-"""What every role shares: its process row and heartbeat, its signals, its title, its wake-ups.
+"""What every role shares: its process row and heartbeat, its signals, its title, its wake-ups,
+its connection's session, and its way through database outages.
 
 Signals: ``TERM`` and ``INT`` ask for a graceful stop (a repeat changes nothing); ``QUIT`` asks
 for an immediate one. Handlers only set flags and wake the main loop.
+
+The main loop runs its work in ``step()`` and waits in ``pause()``: a step that fails on the
+database starts (or continues) an outage (``stalwart.processes.outage``), and the loop backs
+off and carries on; waiting marks the loop idle, so the heartbeat (``Liveness``) can tell a
+loop that waits from one that is stuck.
 """
 
 import os
@@ -13,14 +19,20 @@ from typing import Any, ClassVar
 
 import psutil
 import setproctitle
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from stalwart import events
 from stalwart.conf import Options
+from stalwart.db.session import bookkeeping
 from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
 from stalwart.processes.heartbeat import Heartbeat
+from stalwart.processes.liveness import Liveness
+from stalwart.processes.outage import DatabaseFailure, Outage
 from stalwart.processes.registry import Registration, process_name
 from stalwart.processes.wakeup import Waker
+
+# What ``step()`` returns when the step failed on the database (it has waited its backoff).
+FAILED: Any = object()
 
 
 class Role:
@@ -38,6 +50,7 @@ class Role:
         name: str | None = None,
         supervisor: int | None = None,
         parent_pid: int | None = None,
+        owns_process: bool = False,
     ):
         self.config = config
         self.database = config.database
@@ -54,6 +67,11 @@ class Role:
         self._heartbeat: Heartbeat | None = None
         self._psutil = psutil.Process()
         self.parent_pid = parent_pid
+        # The role is the whole process (a forked child, 'queue work'), not a thread of
+        # something else: it may set signal dispositions and be ended by the kernel.
+        self.owns_process = owns_process
+        self.outage = Outage(self.database, process=self.name)
+        self.liveness = Liveness(limit=config.process_alive_threshold / 2)
 
     # -- control -----------------------------------------------------------------------------
 
@@ -77,6 +95,9 @@ class Role:
         signal.signal(signal.SIGTERM, self._on_graceful_signal)
         signal.signal(signal.SIGINT, self._on_graceful_signal)
         signal.signal(signal.SIGQUIT, self._on_immediate_signal)
+        if self.owns_process:
+            # The heartbeat's hard deadline: SIGALRM's default action ends the process.
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
         from stalwart.processes.forking import signals_before_start
 
         for signum in signals_before_start():
@@ -99,7 +120,13 @@ class Role:
 
     def metadata(self) -> dict[str, Any]:
         """What the process table shows about us (refreshed at every heartbeat)."""
-        return {"rss_bytes": self.resident_memory() or None}
+        data: dict[str, Any] = {"rss_bytes": self.resident_memory() or None}
+        failing_for = self.outage.failing_for
+        if failing_for is not None:
+            # The loop cannot do its work (the heartbeat can): 'queue status --check' says so.
+            data["failing_for"] = round(failing_for, 1)
+            data["error"] = (self.outage.error or "")[:500]
+        return data
 
     def set_title(self, state: str) -> None:
         title = f"stalwart {self.kind} {state}".rstrip()
@@ -109,11 +136,50 @@ class Role:
 
     # -- life --------------------------------------------------------------------------------
 
+    def application_name(self, thread: str = "") -> str:
+        """How our sessions appear in ``pg_stat_activity``: ``stalwart:worker:4242``."""
+        name = f"stalwart:{self.kind}:{os.getpid()}"
+        return f"{name}:{thread}" if thread else name
+
+    def open_session(self, thread: str = "", *, main: bool = False) -> None:
+        """Make this thread's connection a bookkeeping session (see ``stalwart.db.session``);
+        statements of the main loop count as its progress."""
+        bookkeeping(
+            self.database,
+            application_name=self.application_name(thread),
+            statement_timeout=self.config.statement_timeout,
+            lock_timeout=self.config.lock_timeout,
+            on_statement=self.liveness.progressed if main else None,
+        )
+
+    def step[T](self, work: Callable[[], T]) -> T:
+        """Run one step of the main loop. A database failure is an outage, not a crash: the
+        connection is reset if broken, the outage logged once, and the loop waits its backoff;
+        then ``FAILED`` is returned. Anything else propagates."""
+        try:
+            value = work()
+        except DatabaseFailure as error:
+            self.pause(self.outage.failed(error))
+            return FAILED
+        self.outage.succeeded()
+        self.liveness.progressed()
+        return value
+
+    def pause(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` (less if woken); return whether woken."""
+        self.liveness.idle()
+        try:
+            return self.waker.wait(seconds)
+        finally:
+            self.liveness.busy()
+
     def run(self) -> int:
         """Register, run ``main()`` until stopped, deregister. Returns the exit status."""
         self.install_signal_handlers()
         self.set_title("starting")
-        self.registration.register(self.metadata())
+        self.open_session(main=True)
+        if not self._register():
+            return self.exit_status  # asked to stop before the database let us register
         events.emit(
             "process_started",
             kind=self.kind,
@@ -128,7 +194,9 @@ class Role:
                 threshold=self.config.process_alive_threshold,
                 metadata=self.metadata,
                 on_fenced=self.fence,
-                after_beat=self.after_heartbeat,
+                liveness=self.liveness,
+                hard_exit=self.owns_process,
+                session=lambda: self.open_session("heartbeat"),
             )
             self._heartbeat.start()
         if self.parent_pid is not None:
@@ -148,12 +216,7 @@ class Role:
             # Give back what is still held while the row still says whose it is (so no orphan
             # sweep takes it first), then the row: the last writes before the process ends.
             self.final_release()
-            if self.fenced_reason is None:
-                try:
-                    self.registration.deregister()
-                except DatabaseError as error:
-                    # Left behind, the row is pruned once its heartbeat is old enough.
-                    events.emit("deregister_failed", process=self.name, error=str(error))
+            self._leave()
             connections.close_all()  # this thread's; forked children must not keep them either
             events.emit(
                 "process_stopped",
@@ -164,11 +227,38 @@ class Role:
             )
         return self.exit_status
 
+    def _register(self) -> bool:
+        """Register our row, waiting out a database outage; False if stopped first."""
+        while not self.stop_requested:
+            if self.step(lambda: self.registration.register(self.metadata())) is not FAILED:
+                return True
+        return False
+
+    def _leave(self) -> None:
+        """Take our row off the table, unless jobs may still run in this process: then mark
+        it as leaving and let whoever is sure we are gone (the supervisor that reaps us, or
+        a prune once our heartbeat is old) give our jobs back, without charging them an
+        attempt. A fenced process leaves its row alone: it may be gone already."""
+        if self.fenced_reason is not None:
+            return
+        try:
+            if self.abandons_jobs():
+                self.registration.mark_leaving(self.metadata())
+                return
+            self.registration.deregister()
+        except DatabaseFailure as error:
+            # Left behind, the row is pruned once its heartbeat is old enough.
+            events.emit("deregister_failed", process=self.name, error=str(error))
+            return
+        if self._heartbeat is not None:
+            self._heartbeat.disarm()
+
+    def abandons_jobs(self) -> bool:
+        """Whether this process ends with jobs still running in its threads."""
+        return False
+
     def main(self) -> None:
         raise NotImplementedError
-
-    def after_heartbeat(self) -> None:
-        """Called in the heartbeat thread after each successful beat."""
 
     def final_release(self) -> None:
         """Give back anything still held, just before deregistering and ending."""

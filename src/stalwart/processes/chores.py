@@ -1,6 +1,7 @@
 """Cluster maintenance, done by dispatchers (and by a standalone ``queue work``).
 
-- Dead processes are pruned and their jobs released (under the lease "stalwart.prune").
+- Dead processes are pruned and their jobs released, and jobs whose owner has no row are
+  taken back (under the lease "stalwart.prune"; supervisors do this too).
 - Free concurrency slots nobody handed on are handed out (a sweep, safe anywhere).
 - Finished jobs past ``OPTIONS['retention']`` are deleted (under "stalwart.retention").
 
@@ -14,7 +15,7 @@ from stalwart import events, leases
 from stalwart.conf import Options
 from stalwart.control import delete_expired_jobs
 from stalwart.jobs import JobStore
-from stalwart.processes.registry import prune_under_lease, release_orphans
+from stalwart.processes.registry import prune_under_lease
 
 RETENTION_LEASE = "stalwart.retention"
 RETENTION_INTERVAL = 60.0  # seconds between retention passes in the whole cluster
@@ -40,7 +41,6 @@ class Chores:
                 interval=self.config.heartbeat_interval,
                 exclude=exclude,
             )
-            release_orphans(self.config.database)
             self.store.unblock_all()
         if now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL

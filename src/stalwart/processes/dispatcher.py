@@ -2,13 +2,10 @@
 
 import time
 
-from django.db import DatabaseError
-
 from stalwart import events
 from stalwart.conf import DispatcherOptions, Options
-from stalwart.db.errors import is_transient
 from stalwart.jobs import JobStore
-from stalwart.processes.base import Role
+from stalwart.processes.base import FAILED, Role
 from stalwart.processes.chores import Chores
 
 
@@ -28,17 +25,17 @@ class Dispatcher(Role):
         self.set_title("dispatching")
         while not self.stop_requested:
             started = time.monotonic()
-            try:
-                promoted = self.store.promote_due(limit=self.dispatcher.batch_size)
-                if promoted:
-                    events.emit("jobs_promoted", process=self.name, count=promoted)
-                self.chores.run_due(exclude=self.registration.id)
-            except DatabaseError as error:
-                if not is_transient(error):
-                    raise
-                events.emit("database_unavailable", process=self.name, error=str(error))
-                promoted = 0
+            promoted = self.step(self._dispatch)
+            if promoted is FAILED:
+                continue  # the step has waited its backoff
             if promoted >= self.dispatcher.batch_size:
                 continue  # more may be due right now
             elapsed = time.monotonic() - started
-            self.waker.wait(max(self.dispatcher.polling_interval - elapsed, 0))
+            self.pause(max(self.dispatcher.polling_interval - elapsed, 0))
+
+    def _dispatch(self) -> int:
+        promoted = self.store.promote_due(limit=self.dispatcher.batch_size)
+        if promoted:
+            events.emit("jobs_promoted", process=self.name, count=promoted)
+        self.chores.run_due(exclude=self.registration.id)
+        return promoted

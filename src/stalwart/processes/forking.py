@@ -4,17 +4,26 @@ Before the fork the parent closes its database connections (a connection must ne
 shared across a fork). In the child, signal handlers are reset, the parent's death is
 wired to a TERM (``PR_SET_PDEATHSIG`` on Linux), the role runs, and the child ends with
 ``os._exit``: whatever happens, it never runs the parent's shutdown code.
+
+Each child leads its own process group, so that whatever its jobs start (and leave behind)
+can be ended with it (``end_group``). And each child tells its parent, through a pipe, whether
+it *ended on its own* (its role returned): only then may jobs it left running be given back
+uncharged. A child killed by a signal, or ended by a task's ``os._exit``, says nothing.
 """
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import psutil
 from django.db import connections
 
 from stalwart import events
@@ -59,21 +68,97 @@ def _forget_inherited_connections() -> None:
             connection.connection = None
 
 
-def fork_child(run: Callable[[], int]) -> int:
-    """Fork; the child runs ``run()`` and exits with its status. Returns the child's pid."""
+_ENDED = b"E"  # what a child writes to its status pipe when its role returned
+# Read ends of the status pipes of our living children (closed in each new child).
+_status_pipes: set[int] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class Forked:
+    pid: int
+    status_pipe: int  # read end: ``ended_on_its_own`` once the child has exited
+
+
+def ended_on_its_own(forked: Forked) -> bool:
+    """After the child exited: whether its role returned (rather than it being killed, or
+    ended by a task). Closes the pipe."""
+    try:
+        return os.read(forked.status_pipe, 1) == _ENDED
+    except OSError:
+        return False
+    finally:
+        _status_pipes.discard(forked.status_pipe)
+        with contextlib.suppress(OSError):
+            os.close(forked.status_pipe)
+
+
+def flush_logs(timeout: float = 2.0) -> None:
+    """Flush every log handler, giving up after ``timeout`` seconds: a handler that blocks
+    (a full pipe, a dead log server) must not keep a process from ending."""
+    flusher = threading.Thread(target=logging.shutdown, name="stalwart-log-flush", daemon=True)
+    flusher.start()
+    flusher.join(timeout)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def end_group(pgid: int, signum: int = signal.SIGTERM) -> bool:
+    """Signal the process group ``pgid`` (a child's, and whatever its jobs started); False
+    if no process is left in it."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def end_descendants(grace: float = 2.0) -> None:
+    """TERM the processes this one started (its jobs' subprocesses, theirs), then KILL those
+    still there after ``grace`` seconds. For a process that does not lead its own group (a
+    'queue work' started from a shell); a forked child's group is ended by its supervisor."""
+    try:
+        descendants = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for process in descendants:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(descendants, timeout=grace)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def fork_child(run: Callable[[], int]) -> Forked:
+    """Fork; the child runs ``run()`` and exits with its status."""
     connections.close_all()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     parent = os.getpid()
+    read_end, write_end = os.pipe()
     # Stop signals wait (blocked) across the fork: in the child they must reach the child's
     # own handlers, never the parent's inherited ones.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     pid = os.fork()
     if pid:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        return pid
+        os.close(write_end)
+        os.set_blocking(read_end, False)
+        _status_pipes.add(read_end)
+        with contextlib.suppress(OSError):  # the child does it too; whoever comes first
+            os.setpgid(pid, pid)
+        return Forked(pid, read_end)
     status = EXIT_CRASHED
+    ended = False
     try:
+        os.close(read_end)
+        for inherited in _status_pipes:  # our siblings' pipes are not ours to hold
+            with contextlib.suppress(OSError):
+                os.close(inherited)
+        _status_pipes.clear()
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
         _forget_inherited_connections()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -84,6 +169,7 @@ def fork_child(run: Callable[[], int]) -> int:
         if os.getppid() != parent:  # the parent died before the line above took effect
             os._exit(0)
         status = run()
+        ended = True
     except BaseException as error:  # noqa: BLE001 - reported, then the child exits regardless
         events.emit(
             "process_crashed",
@@ -93,9 +179,10 @@ def fork_child(run: Callable[[], int]) -> int:
         )
     finally:
         try:
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
+            if ended:
+                with contextlib.suppress(OSError):
+                    os.write(write_end, _ENDED)
+            flush_logs()
         finally:
             os._exit(status)
-    return 0  # pragma: no cover - os._exit never returns
+    raise AssertionError("unreachable")  # pragma: no cover - os._exit never returns

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from django.db import connections
 
-from stalwart import events
 from stalwart.db.postgresql import CHANNEL
+from stalwart.processes.outage import Outage
 
 
 class Listener(threading.Thread):
@@ -18,36 +18,54 @@ class Listener(threading.Thread):
     """
 
     def __init__(
-        self, database: str, wants: Callable[[str], bool], wake: Callable[[], None]
+        self,
+        database: str,
+        wants: Callable[[str], bool],
+        wake: Callable[[], None],
+        session: Callable[[], None] | None = None,
+        process: str = "",
     ) -> None:
         super().__init__(name="stalwart-listener", daemon=True)
+        self.process = process
         self.database = database
         self.wants = wants
         self.wake = wake
+        self.session = session  # makes this thread's connection a bookkeeping session
         self._stopped = threading.Event()
 
     def stop(self) -> None:
         self._stopped.set()
 
     def run(self) -> None:
-        backoff = 0.5
-        while not self._stopped.is_set():
-            wrapper = connections.create_connection(self.database)
-            try:
-                wrapper.ensure_connection()
-                with wrapper.cursor() as cursor:
-                    cursor.execute(f"LISTEN {CHANNEL}")
-                self.wake()  # anything enqueued while we were not listening
-                backoff = 0.5
-                raw = wrapper.connection
-                while not self._stopped.is_set():
-                    for notification in raw.notifies(timeout=0.25):
-                        if self.wants(notification.payload):
-                            self.wake()
-            except Exception as error:  # noqa: BLE001 - any failure: reconnect later, keep polling
-                events.emit("listener_failed", error=f"{type(error).__name__}: {error}")
-                self._stopped.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-            finally:
-                with contextlib.suppress(Exception):  # closing a dead connection may fail too
-                    wrapper.close()
+        if self.session is not None:
+            self.session()
+        outage = Outage(
+            self.database,
+            process=self.process,
+            started="listener_failed",
+            ended="listener_recovered",
+            first_delay=0.5,
+            max_delay=30.0,
+        )
+        wrapper = connections[self.database]  # this thread's own
+        try:
+            while not self._stopped.is_set():
+                try:
+                    wrapper.ensure_connection()
+                    with wrapper.cursor() as cursor:
+                        cursor.execute(f"LISTEN {CHANNEL}")
+                    outage.succeeded()
+                    self.wake()  # anything enqueued while we were not listening
+                    raw = wrapper.connection
+                    while not self._stopped.is_set():
+                        for notification in raw.notifies(timeout=0.25):
+                            if self.wants(notification.payload):
+                                self.wake()
+                except Exception as error:  # noqa: BLE001 - any failure: reconnect later, poll
+                    delay = outage.failed(error)
+                    with contextlib.suppress(Exception):  # a dead connection may not close well
+                        wrapper.close()
+                    self._stopped.wait(delay)
+        finally:
+            with contextlib.suppress(Exception):
+                wrapper.close()

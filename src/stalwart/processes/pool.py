@@ -15,7 +15,9 @@ class JobPool:
     """``size`` daemon threads, each running one job at a time.
 
     ``idle`` is how many more jobs it can take now; finished attempts wait in ``take_finished``
-    for the main thread to write them. ``on_finished`` is called from the job thread.
+    for the main thread to write them. ``on_finished`` is called from the job thread. A job
+    handed over but not yet started can be taken back (``withdraw_unstarted``): once a thread
+    has it, it is running, and only the end of the process stops it.
     """
 
     def __init__(
@@ -31,10 +33,9 @@ class JobPool:
         self._run = run
         self._on_finished = on_finished
         self._name = name
-        self._lock = threading.Lock()
-        self._busy = 0
+        self._lock = threading.Condition()
+        self._busy = 0  # handed over and not finished: queued in the inbox, or running
         self._inbox: deque[ClaimedJob | None] = deque()
-        self._ready = threading.Semaphore(0)
         self._finished: deque[Finished] = deque()
         self._threads: list[threading.Thread] = []
 
@@ -59,8 +60,16 @@ class JobPool:
             if self._busy >= self.size:
                 raise RuntimeError("JobPool.submit() called with no idle thread")
             self._busy += 1
-        self._inbox.append(job)
-        self._ready.release()
+            self._inbox.append(job)
+            self._lock.notify()
+
+    def withdraw_unstarted(self) -> list[ClaimedJob]:
+        """Take back the jobs no thread has started: they will not run here."""
+        with self._lock:
+            unstarted = [job for job in self._inbox if job is not None]
+            self._inbox = deque(job for job in self._inbox if job is None)
+            self._busy -= len(unstarted)
+            return unstarted
 
     @property
     def finished(self) -> int:
@@ -75,17 +84,19 @@ class JobPool:
 
     def stop(self, *, wait: bool) -> None:
         """Tell every thread to exit after its current job; optionally wait for them."""
-        for _ in self._threads:
-            self._inbox.append(None)
-            self._ready.release()
+        with self._lock:
+            self._inbox.extend([None] * len(self._threads))
+            self._lock.notify_all()
         if wait:
             for thread in self._threads:
                 thread.join()
 
     def _serve(self) -> None:
         while True:
-            self._ready.acquire()
-            job = self._inbox.popleft()
+            with self._lock:
+                while not self._inbox:
+                    self._lock.wait()
+                job = self._inbox.popleft()
             if job is None:
                 connections.close_all()  # this thread's connections, not anyone else's
                 return

@@ -3,6 +3,7 @@
 import os
 import secrets
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,9 @@ from stalwart.models import Process
 
 # The error recorded on a job whose process died while running it.
 PROCESS_DIED = "stalwart.exceptions.ProcessDied"
+# Set in a process row's metadata by a process that ends with jobs still running in its
+# threads (a shutdown timeout, an immediate stop): they are given back uncharged.
+LEAVING = "leaving"
 
 
 def process_name(kind: str) -> str:
@@ -59,6 +63,22 @@ class Registration:
             .update(last_heartbeat_at=Now(), metadata=metadata)
         )
         return updated == 1
+
+    def mark_leaving(self, metadata: dict[str, Any]) -> None:
+        """Say that this process is ending with jobs still running in it: whoever removes
+        the row once the process is surely gone gives them back without charging them."""
+        Process.objects.using(self.database).filter(id=self.id).update(
+            metadata={**metadata, LEAVING: True}
+        )
+
+    def reregister(self, metadata: dict[str, Any]) -> int:
+        """Our row was pruned while we lived (a long outage): take a new one, and move the
+        children recorded under the old one to it."""
+        old = self.id
+        self.register(metadata)
+        if old is not None and self.kind == "supervisor":
+            Process.objects.using(self.database).filter(supervisor=old).update(supervisor=self.id)
+        return self.id
 
     def deregister(self) -> None:
         if self.id is None:
@@ -105,9 +125,10 @@ def prune_dead_processes(
             process_id: int = process_id, name: str = name, pid: int = pid, hostname: str = hostname
         ) -> list[Released] | None:
             with transaction.atomic(using=database), connections[database].cursor() as cursor:
-                if not statements.delete_process_if_dead(
+                metadata = statements.delete_process_if_dead(
                     cursor, process_id=process_id, threshold=threshold
-                ):
+                )
+                if metadata is None:
                     return None
                 cause = (
                     f"Process {name} (pid {pid} on {hostname}) sent no heartbeat for over "
@@ -119,6 +140,7 @@ def prune_dead_processes(
                     error_class=PROCESS_DIED,
                     error_text=cause,
                     notify=True,
+                    death=not metadata.get(LEAVING),
                 )
 
         released = retry_transient(database, prune_one, what="prune a dead process", conflicts=True)
@@ -128,12 +150,15 @@ def prune_dead_processes(
 
 
 def remove_reaped_child(
-    database: str, *, supervisor: int, pid: int, cause: str
+    database: str, *, supervisors: Sequence[int], pid: int, cause: str, death: bool = True
 ) -> list[GoneProcess]:
     """Remove the row(s) of a child the supervisor reaped, releasing what it held.
 
-    The child is dead (``waitpid`` said so), so releasing its jobs cannot make them run twice
-    at once. Jobs at their last attempt are failed with ``cause`` as the error.
+    ``supervisors``: the rows the supervisor has had (a long outage may have made it take a
+    new one). The child is dead (``waitpid`` said so), so releasing its jobs cannot make
+    them run twice at once. If it died (``death``: a signal, a crash) rather than ended on
+    its own with jobs still running (a shutdown timeout, a fence), the death is charged as
+    described in ``Statements.release_owner``, with ``cause`` as the error.
     """
     statements = JobStore(database).statements
 
@@ -142,14 +167,15 @@ def remove_reaped_child(
         with transaction.atomic(using=database), connections[database].cursor() as cursor:
             # Delete first: the delete waits for any claim of the child's still committing
             # (claims share-lock their process row), so the release below sees its jobs.
-            rows = statements.delete_child_processes(cursor, supervisor=supervisor, pid=pid)
-            for process_id, kind, name, child_pid, hostname in rows:
+            rows = statements.delete_child_processes(cursor, supervisors=supervisors, pid=pid)
+            for process_id, kind, name, child_pid, hostname, metadata in rows:
                 released = statements.release_owner(
                     cursor,
                     owner=process_id,
                     error_class=PROCESS_DIED,
                     error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
                     notify=True,
+                    death=death and not metadata.get(LEAVING),
                 )
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone
@@ -177,8 +203,11 @@ def prune_under_lease(
 ) -> list[GoneProcess]:
     """Prune dead processes if we hold the cluster's pruning lease (taken or renewed here).
 
-    Pruning is safe to run anywhere at once (each deletion is a compare-and-set); the lease
-    only saves the cluster from doing it on every host every interval.
+    Then running jobs whose owner has no row at all are taken back (``release_orphans``).
+    Both are safe to run anywhere at once (each deletion is a compare-and-set); the lease
+    only saves the cluster from doing them on every host every interval. Every supervisor,
+    dispatcher and standalone worker calls this, so a job never stays running for want of
+    a dispatcher.
     """
     from stalwart import leases
 
@@ -187,6 +216,7 @@ def prune_under_lease(
     pruned = prune_dead_processes(database, threshold=threshold, exclude=exclude)
     for gone in pruned:
         report_pruned(gone)
+    release_orphans(database)
     return pruned
 
 

@@ -8,7 +8,6 @@ write and a thread whose connections are fit for the next job.
 import math
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from traceback import format_exception
 from typing import Any
 
@@ -16,9 +15,8 @@ from django.db import DatabaseError, connections
 from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_started
-from django.utils import timezone
 
-from stalwart import events
+from stalwart import events, signals
 from stalwart.db import ClaimedJob, Outcome
 from stalwart.exceptions import TransactionLeftOpen
 from stalwart.models import JobStatus
@@ -39,6 +37,12 @@ class Finished:
     error: TaskError | None = None
     return_value: Any = None
     retry_in: float | None = None  # seconds until the next attempt, when one is scheduled
+    timed_out: bool = False  # written for an attempt still running past its timeout
+    uncertain: bool = False  # a write of it failed, and may have committed all the same
+
+
+# The longest wait before a retry a backoff may ask for (a hundred years, in seconds).
+MAX_RETRY_DELAY = 100 * 365 * 86400.0
 
 
 def storable(text: str) -> str:
@@ -80,9 +84,8 @@ def failure_outcome(
     ):
         try:
             delay = task.retry_delay(len(errors))
-            if not math.isfinite(delay) or delay < 0:
+            if not math.isfinite(delay) or not 0 <= delay <= MAX_RETRY_DELAY:
                 raise ValueError(f"backoff returned {delay!r}")
-            retry_at = timezone.now() + timedelta(seconds=delay)
         except Exception as failure:  # noqa: BLE001 - a broken backoff ends the retries
             events.emit("backoff_failed", job=job.id, task=job.task_path, error=repr(failure))
             delay = None
@@ -93,7 +96,7 @@ def failure_outcome(
                 attempt=job.attempt,
                 status=JobStatus.SCHEDULED,
                 errors=encode_errors(errors),
-                available_at=retry_at,
+                retry_in=delay,  # counted on the database's clock when it is written
             ),
             delay,
         )
@@ -164,8 +167,8 @@ def run_job(job: ClaimedJob, sender: type) -> Finished:
             errors=task_errors(job.errors),
             worker_ids=list(job.worker_ids),
         )
+        signals.send(task_started, "task_started", sender=sender, task_result=result)
         try:
-            task_started.send(sender=sender, task_result=result)
             if task.takes_context:
                 value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
             else:

@@ -10,14 +10,12 @@ import time
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError
 from django.tasks.exceptions import InvalidTask
 
 from stalwart import events
 from stalwart.conf import Options, SchedulerOptions
-from stalwart.db.errors import is_transient
 from stalwart.exceptions import TaskNotFound
-from stalwart.processes.base import Role
+from stalwart.processes.base import FAILED, Role
 from stalwart.ticks import check_entry, database_now, enqueue_tick, last_runs
 
 
@@ -41,14 +39,10 @@ class Scheduler(Role):
                 self.mark_broken(entry.key, problem)
         while not self.stop_requested:
             started = time.monotonic()
-            try:
-                self.tick()
-            except DatabaseError as error:
-                if not is_transient(error):
-                    raise
-                events.emit("database_unavailable", process=self.name, error=str(error))
+            if self.step(self.tick) is FAILED:
+                continue  # the step has waited its backoff
             elapsed = time.monotonic() - started
-            self.waker.wait(max(self.scheduler.polling_interval - elapsed, 0))
+            self.pause(max(self.scheduler.polling_interval - elapsed, 0))
 
     def mark_broken(self, key: str, problem: str) -> None:
         self.broken[key] = problem

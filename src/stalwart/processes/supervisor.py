@@ -2,9 +2,15 @@
 
 It heartbeats and prunes dead processes from its own loop (it holds no connection when it
 forks). A child that exits is reaped at once with ``waitpid(WNOHANG)``; the jobs it held are
-released (or failed, at their last attempt) and a replacement is forked, with backoff if
-children keep dying young. TERM/INT are forwarded to the children, which drain; the
-supervisor exits only after they have, killing any that outlive the shutdown timeout.
+released (a death is charged as ``Statements.release_owner`` says; a child that ended on its
+own with jobs still running gives them back uncharged) and a replacement is forked, with
+backoff if children keep dying young. Whatever the child's jobs started is ended with it
+(its process group: TERM, then KILL). TERM/INT are forwarded to the children, which drain;
+the supervisor exits only after they have, killing any that outlive the shutdown timeout.
+
+The database may go away and come back (a restart, a failover): every call the supervisor
+makes has a deadline, a failure is an outage (logged once, retried with backoff), and a
+healthy tree is never stopped for it. If its row was pruned meanwhile, it registers again.
 """
 
 import contextlib
@@ -15,14 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError
-
 from stalwart import events
 from stalwart.conf import Options
-from stalwart.db.errors import is_transient
+from stalwart.db.deadline import deadline
 from stalwart.processes import systemd
 from stalwart.processes.base import EXIT_CRASHED, EXIT_FENCED, EXIT_RECYCLE, Role
-from stalwart.processes.forking import fork_child
+from stalwart.processes.forking import Forked, end_group, ended_on_its_own, fork_child
+from stalwart.processes.outage import DatabaseFailure
 from stalwart.processes.registry import prune_under_lease, remove_reaped_child
 
 # How long a child must live for its next death to count as a fresh start, not a crash loop.
@@ -33,6 +38,8 @@ MAX_RESTART_DELAY = 30.0
 MIN_RECYCLE_LIFETIME = 5.0
 # Extra time children get past the shutdown timeout to release their jobs and deregister.
 SHUTDOWN_GRACE = 5.0
+# How long what a dead child's jobs started gets between TERM and KILL.
+GROUP_GRACE = 2.0
 
 
 @dataclass
@@ -43,6 +50,7 @@ class ChildSlot:
     number: int
     make: Callable[[int, int], Role]  # (supervisor id, supervisor pid) -> the child's role
     pid: int | None = None
+    forked: Forked | None = None
     started_at: float = 0.0
     quick_deaths: int = 0
     restart_at: float = 0.0
@@ -76,8 +84,14 @@ class Supervisor(Role):
         self._next_beat = 0.0
         self._watchdog = systemd.watchdog_interval()
         self._next_watchdog = 0.0
-        self._pending_clean_ups: list[tuple[int, str, str, bool]] = []
-        self._last_beat = time.monotonic()
+        # Every row id we have had (a long outage may have made us register again).
+        self._ids: set[int] = set()
+        # Dead children whose rows the database has not let us remove yet.
+        self._pending_clean_ups: list[tuple[int, str, str, bool, bool]] = []
+        # Process groups of dead children, and when to KILL what is left in them.
+        self._groups: dict[int, float] = {}
+        # A call to the database that takes longer has met a stalled link: it is cut.
+        self._call_deadline = config.statement_timeout + max(config.heartbeat_interval, 1.0)
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -105,6 +119,7 @@ class Supervisor(Role):
             while not self.stop_requested:
                 self._reap()
                 self._retry_clean_ups()
+                self._end_groups()
                 self._restart_due()
                 self._maintain()
                 self._show_state()
@@ -120,55 +135,55 @@ class Supervisor(Role):
 
     def _sleep_time(self) -> float:
         now = time.monotonic()
-        deadlines = [self._next_beat]
+        deadlines = [self._next_beat, *self._groups.values()]
         deadlines += [slot.restart_at for slot in self.slots if slot.pid is None]
         if self._watchdog:
             deadlines.append(self._next_watchdog)
         return min(max(min(deadlines) - now, 0.01), 1.0)
 
     def _maintain(self, *, chores: bool = True) -> None:
-        """Watchdog pings, heartbeats (fencing ourselves if they fail too long), pruning."""
+        """Watchdog pings, heartbeats, pruning: each database call under a deadline, a
+        failure an outage to wait out (never a reason to stop the tree)."""
         now = time.monotonic()
         if self._watchdog and now >= self._next_watchdog:
             systemd.notify("WATCHDOG=1")
             self._next_watchdog = now + self._watchdog
-        if now < self._next_beat or self.fenced_reason is not None:
+        if now < self._next_beat:
             return
         self._next_beat = now + self.config.heartbeat_interval
         try:
-            if not self.registration.heartbeat(self.metadata()):
-                self.fence("its process row is gone (pruned as dead)")
-                return
-            self._last_beat = time.monotonic()
-        except DatabaseError as error:
-            if not is_transient(error):
-                raise
-            events.emit(
-                "heartbeat_failed", process=self.name, error=f"{type(error).__name__}: {error}"
-            )
-            failing_for = time.monotonic() - self._last_beat
-            if failing_for > self.config.process_alive_threshold:
-                self.fence(f"heartbeats have failed for {failing_for:.0f} s")
+            with deadline(self.database, self._call_deadline):
+                if not self.registration.heartbeat(self.metadata()):
+                    # Pruned while we lived (a long outage): our children are alive and
+                    # beating; take a new row rather than stop them.
+                    old = self.registration.id
+                    self.registration.reregister(self.metadata())
+                    events.emit(
+                        "process_reregistered",
+                        process=self.name,
+                        old_id=old,
+                        id=self.registration.id,
+                    )
+            if chores:
+                with deadline(self.database, self._call_deadline):
+                    prune_under_lease(
+                        self.database,
+                        holder=self.name,
+                        threshold=self.config.process_alive_threshold,
+                        interval=self.config.heartbeat_interval,
+                        exclude=self.registration.id,
+                    )
+        except DatabaseFailure as error:
+            delay = self.outage.failed(error)
+            self._next_beat = time.monotonic() + min(delay, self.config.heartbeat_interval)
             return
-        if not chores:
-            return
-        try:
-            prune_under_lease(
-                self.database,
-                holder=self.name,
-                threshold=self.config.process_alive_threshold,
-                interval=self.config.heartbeat_interval,
-                exclude=self.registration.id,
-            )
-        except DatabaseError as error:
-            if not is_transient(error):
-                raise
-            events.emit("chore_failed", process=self.name, chore="prune", error=str(error))
+        self.outage.succeeded()
 
     # -- children ----------------------------------------------------------------------------
 
     def _start(self, slot: ChildSlot) -> None:
         supervisor_id, supervisor_pid = self.registration.id, os.getpid()
+        self._ids.add(supervisor_id)
 
         def run_child() -> int:
             role = slot.make(supervisor_id, supervisor_pid)
@@ -177,7 +192,8 @@ class Supervisor(Role):
                 events.emit("threads_abandoned", process=role.name)
             return status
 
-        slot.pid = fork_child(run_child)
+        slot.forked = fork_child(run_child)
+        slot.pid = slot.forked.pid
         slot.started_at = time.monotonic()
         events.emit("process_forked", kind=slot.kind, slot=slot.label, pid=slot.pid)
 
@@ -192,18 +208,22 @@ class Supervisor(Role):
             slot = next((slot for slot in self.slots if slot.pid == pid), None)
             self._child_exited(pid, status, slot)
 
-    def _clean_up_after(self, pid: int, how: str, kind: str, expected: bool = False) -> bool:
+    def _clean_up_after(
+        self, pid: int, how: str, kind: str, expected: bool = False, death: bool = True
+    ) -> bool:
         """Release what a dead child held and drop its row; False if the database is away."""
         try:
-            gone = remove_reaped_child(
-                self.database, supervisor=self.registration.id, pid=pid, cause=f"died: it {how}"
-            )
-        except DatabaseError as error:
-            if is_transient(error):
-                return False  # the child is dead for sure: try again later
-            # Give up here; the child's row stays and is pruned (its jobs released) later.
-            events.emit("cleanup_failed", pid=pid, error=f"{type(error).__name__}: {error}")
-            return True
+            with deadline(self.database, self._call_deadline):
+                gone = remove_reaped_child(
+                    self.database,
+                    supervisors=sorted(self._ids),
+                    pid=pid,
+                    cause=f"died: it {how}",
+                    death=death,
+                )
+        except DatabaseFailure as error:
+            self.outage.failed(error)
+            return False  # the child is dead for sure: try again later
         released = [job for process in gone for job in process.released]
         events.emit(
             "child_exited" if expected else "process_exited",
@@ -221,20 +241,36 @@ class Supervisor(Role):
             entry for entry in self._pending_clean_ups if not self._clean_up_after(*entry)
         ]
 
+    def _end_groups(self, *, now: bool = False) -> None:
+        """KILL what is left in dead children's process groups once their grace is over."""
+        moment = time.monotonic()
+        for pgid, kill_at in list(self._groups.items()):
+            if now or moment >= kill_at or not end_group(pgid, 0):
+                end_group(pgid, signal.SIGKILL)
+                del self._groups[pgid]
+
     def _child_exited(self, pid: int, status: int, slot: ChildSlot | None) -> None:
         how = describe_exit(status)
         code = os.waitstatus_to_exitcode(status)
         kind = slot.kind if slot else "unknown"
-        expected = code == EXIT_RECYCLE or (
-            self.stop_requested and code in (0, EXIT_FENCED, EXIT_RECYCLE)
+        # Its role returned: jobs it left running were given up on purpose (a stop, a fence),
+        # not the cause of its end. Otherwise it died (a signal, a crash, a task's exit).
+        on_its_own = slot is not None and slot.forked is not None and ended_on_its_own(slot.forked)
+        expected = on_its_own and (
+            code == EXIT_RECYCLE or (self.stop_requested and code in (0, EXIT_FENCED))
         )
-        if not self._clean_up_after(pid, how, kind, expected):
-            self._pending_clean_ups.append((pid, how, kind, expected))
+        # Whatever its jobs started does not outlive it.
+        if end_group(pid, signal.SIGTERM):
+            self._groups[pid] = time.monotonic() + GROUP_GRACE
+        entry = (pid, how, kind, expected, not on_its_own)
+        if not self._clean_up_after(*entry):
+            self._pending_clean_ups.append(entry)
         if slot is None:
             return
         lived = time.monotonic() - slot.started_at
         slot.last_pid = slot.pid
         slot.pid = None
+        slot.forked = None
         if self.stop_requested:
             return
         if (
@@ -279,7 +315,7 @@ class Supervisor(Role):
         """Forward the stop to every child, wait for them, kill what outlives the timeout."""
         forwarded = signal.SIGQUIT if self.immediate else signal.SIGTERM
         self._signal_children(forwarded)
-        deadline = time.monotonic() + self.config.shutdown_timeout + SHUTDOWN_GRACE
+        stop_by = time.monotonic() + self.config.shutdown_timeout + SHUTDOWN_GRACE
         while any(slot.pid for slot in self.slots):
             self._reap()
             if not any(slot.pid for slot in self.slots):
@@ -287,16 +323,21 @@ class Supervisor(Role):
             if self.immediate and forwarded != signal.SIGQUIT:
                 forwarded = signal.SIGQUIT
                 self._signal_children(forwarded)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= stop_by:
                 # Killed, a child can no longer run anything: releasing its jobs is safe.
                 self._signal_children(signal.SIGKILL)
-                deadline = time.monotonic() + 10
+                stop_by = time.monotonic() + 10
             self._show_state()
-            with contextlib.suppress(DatabaseError):
-                self._maintain(chores=False)  # keep our row alive while the children drain
+            self._maintain(chores=False)  # keep our row alive while the children drain
             self.waker.wait(0.2)
-        deadline = time.monotonic() + 30
-        while self._pending_clean_ups and time.monotonic() < deadline:
+        group_grace_over = time.monotonic() + GROUP_GRACE
+        while self._groups and time.monotonic() < group_grace_over:
+            self._end_groups()
+            if self._groups:
+                self.waker.wait(0.1)
+        self._end_groups(now=True)
+        give_up_at = time.monotonic() + 30
+        while self._pending_clean_ups and time.monotonic() < give_up_at:
             self._retry_clean_ups()
             if self._pending_clean_ups:
                 self.waker.wait(1.0)

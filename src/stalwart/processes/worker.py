@@ -2,28 +2,34 @@
 
 The main thread alone talks to the job table (claim, finish, release) on its own connection;
 job threads only run tasks. So a task that breaks its own connection cannot break the
-bookkeeping, and outcomes that finish together are written in one statement.
+bookkeeping, and outcomes that finish together are written in one statement
+(``stalwart.processes.outcomes``).
+
+A job the database marks ``isolated`` (it was running beside others when a process died)
+runs alone: it is claimed only when nothing else runs here, and nothing else is claimed
+while it runs. A job whose body may still be running is never given back by this process:
+at a stop, only jobs no thread has started are released; the others stay ours until the
+process has ended, when the supervisor that reaps it (or a prune) gives them back.
 """
 
 import contextlib
 import time
+from dataclasses import replace
 from typing import Any
 
-from django.db import DatabaseError, connections
-from django.tasks import TaskResultStatus
-from django.tasks.signals import task_finished
+from django.db import connections
 
 from stalwart import events
 from stalwart.conf import Options, WorkerOptions
 from stalwart.control import paused_queues
 from stalwart.db import ClaimedJob
-from stalwart.db.errors import is_transient
-from stalwart.exceptions import JobTimedOut, OutcomeNotStored
+from stalwart.exceptions import JobTimedOut
 from stalwart.jobs import JobStore
 from stalwart.models import JobStatus
-from stalwart.processes.base import EXIT_CRASHED, EXIT_RECYCLE, Role
+from stalwart.processes.base import EXIT_CRASHED, EXIT_RECYCLE, FAILED, Role
 from stalwart.processes.chores import Chores
 from stalwart.processes.listener import Listener
+from stalwart.processes.outcomes import ClaimRequest, OutcomeWriter
 from stalwart.processes.pool import JobPool
 from stalwart.processes.runner import (
     Finished,
@@ -73,9 +79,7 @@ class Worker(Role):
         self.pool = JobPool(worker.threads, self._run_job, self.waker.wake, crashed=crashed_attempt)
         self.held: dict[Any, ClaimedJob] = {}  # claimed by us and not yet written
         self.jobs_done = 0
-        self.abandoned_threads = False
         self._listener: Listener | None = None
-        self._unwritten: list[Finished] = []
         self._next_promotion = 0.0
         self._paused: list[str] = []
         self._next_reconcile = 0.0
@@ -86,6 +90,16 @@ class Worker(Role):
         from stalwart.backend import StalwartBackend
 
         self._sender = StalwartBackend
+        self.outcomes = OutcomeWriter(self.store, process=self.name, sender=StalwartBackend)
+
+    @property
+    def abandoned_threads(self) -> bool:
+        """Job threads are still running: the process must end at once (``os._exit``), so
+        that they never run here and elsewhere at once, nor write anything more."""
+        return self.pool.busy > 0
+
+    def abandons_jobs(self) -> bool:
+        return self.abandoned_threads
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -116,25 +130,24 @@ class Worker(Role):
 
     def main(self) -> None:
         if self.config.listen_notify and connections[self.database].vendor == "postgresql":
-            self._listener = Listener(self.database, self.selector.serves, self.waker.wake)
+            self._listener = Listener(
+                self.database,
+                self.selector.serves,
+                self.waker.wake,
+                session=lambda: self.open_session("listener"),
+                process=self.name,
+            )
             self._listener.start()
         self.pool.start()
         poll = self.poll_interval()
         try:
             while not self.stop_requested:
-                try:
-                    more = self._tick()
-                except DatabaseError as error:
-                    if not is_transient(error):
-                        raise
-                    # The database is away: keep the outcomes, keep trying. If it stays away
-                    # past the alive threshold, the heartbeat fences this process.
-                    events.emit("database_unavailable", process=self.name, error=str(error))
-                    more = False
+                # The database away: outcomes wait, the loop backs off and carries on.
+                more = self.step(self._tick)
                 if more is None:
                     break
-                if not more:
-                    self.waker.wait(poll)
+                if more is not FAILED and not more:
+                    self.pause(poll)
                     self._gather()
         except BaseException:
             self.exit_status = EXIT_CRASHED
@@ -166,17 +179,9 @@ class Worker(Role):
             self._paused = paused_queues(database=self.database)
             self._next_pause_check = now + self.poll_interval()
         idle = self.pool.idle
+        if self.pool.busy and any(job.isolated for job in self.held.values()):
+            idle = 0  # an isolated job runs alone
         claimed = self.flush(claim=idle)
-        if idle:
-            if claimed:
-                events.emit("jobs_claimed", process=self.name, count=len(claimed))
-            started = time.monotonic()
-            for job in claimed:
-                self.held[job.id] = job
-                timeout = task_timeout(job.task_path)
-                if timeout is not None:
-                    self.deadlines[job.id] = (started + timeout, timeout)
-                self.pool.submit(job)
         self._show_state()
         if self.stop_when_empty and not claimed and not self.held and self._drained():
             return None
@@ -197,7 +202,7 @@ class Worker(Role):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            self.waker.wait(remaining)
+            self.pause(remaining)
 
     def _drained(self) -> bool:
         from stalwart.models import Job
@@ -271,142 +276,59 @@ class Worker(Role):
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def flush(self, *, claim: int = 0) -> list[ClaimedJob]:
-        """Write every finished attempt we still own, in one statement, then report them;
-        with ``claim``, also claim up to that many jobs (together, where the database can)."""
-        finished = self._unwritten + self.pool.take_finished()
+    def flush(self, *, claim: int = 0, extra: list[Finished] | None = None) -> list[ClaimedJob]:
+        """Write every finished attempt we still own, then report them; with ``claim``, also
+        claim up to that many jobs (together, where the database can), and start them."""
+        request = None
+        if claim:
+            request = ClaimRequest(
+                limit=claim,
+                worker_name=self.name,
+                selector=self.selector,
+                paused=self._paused,
+                alone=self.pool.busy == 0,
+            )
         claimed: list[ClaimedJob] = []
-        if not finished:
-            if claim:
-                claimed = self._claim(claim)
-            return claimed
-        self._unwritten = finished  # kept until written, should the write fail
-        combined = (
-            claim
-            and self.store.can_finish_and_claim(self.selector)
-            and not any(item.job.concurrency_key for item in finished)
+
+        def hold(jobs: list[ClaimedJob]) -> None:
+            claimed.extend(jobs)
+            self._hold(jobs)
+
+        settled = self.outcomes.flush(
+            self.registration.id,
+            (extra or []) + self.pool.take_finished(),
+            claim=request,
+            hold=hold,
         )
-        try:
-            if combined:
-                written, claimed = self.store.finish_and_claim(
-                    owner=self.registration.id,
-                    outcomes=[item.outcome for item in finished],
-                    worker_name=self.name,
-                    selector=self.selector,
-                    limit=claim,
-                    paused=self._paused,
-                )
-            else:
-                written = self._write(finished)
-        except DatabaseError as error:
-            if is_transient(error):
-                raise  # kept in _unwritten: the next flush tries again
-            written = self._write_one_by_one(finished)
-            combined = False
-        self._unwritten = []
-        for item in finished:
+        for item in settled:
             self.held.pop(item.job.id, None)
             self.deadlines.pop(item.job.id, None)
             self.timed_out.pop(item.job.id, None)  # it finished after all: that result stands
             self.jobs_done += 1
-            if item.job.id not in written:
-                events.emit(
-                    "job_result_discarded",
-                    job=item.job.id,
-                    task=item.job.task_path,
-                    attempt=item.job.attempt,
-                    reason="the job is no longer ours (released or taken over)",
-                )
-                continue
-            self._report(item, written[item.job.id])
-        if claim and not combined:
-            claimed = self._claim(claim)  # after the report: written outcomes are settled
         return claimed
 
-    def _claim(self, limit: int) -> list[ClaimedJob]:
-        return self.store.claim(
-            owner=self.registration.id,
-            worker_name=self.name,
-            selector=self.selector,
-            limit=limit,
-            paused=self._paused,
-        )
-
-    def _write(self, finished: list[Finished]) -> dict:
-        return self.store.finish(
-            owner=self.registration.id,
-            outcomes=[item.outcome for item in finished],
-            free_keys=[
-                item.job.concurrency_key
-                for item in finished
-                if item.job.concurrency_key is not None
-            ],
-        )
-
-    def _write_one_by_one(self, finished: list[Finished]) -> dict:
-        """The batch was refused: write each outcome alone; one the database will not take
-        becomes a failure that says why, so a bad outcome never blocks the others."""
-        written: dict = {}
-        for index, item in enumerate(finished):
-            try:
-                written.update(self._write([item]))
-            except DatabaseError as error:
-                if is_transient(error):
-                    raise
-                events.emit(
-                    "outcome_not_stored",
-                    job=item.job.id,
-                    task=item.job.task_path,
-                    error=f"{type(error).__name__}: {error}",
-                )
-                replacement = crashed_attempt(item.job, OutcomeNotStored(str(error)))
-                finished[index] = replacement
-                written.update(self._write([replacement]))
-        return written
-
-    def _report(self, item: Finished, finished_at: Any) -> None:
-        outcome, result = item.outcome, item.result
-        fields = {
-            "job": item.job.id,
-            "task": item.job.task_path,
-            "attempt": item.job.attempt,
-            "duration": item.duration,
-        }
-        if outcome.status == JobStatus.SUCCESSFUL:
-            events.emit("job_succeeded", **fields)
-        elif outcome.status == JobStatus.SCHEDULED:
-            events.emit(
-                "job_retry_scheduled",
-                **fields,
-                error=item.error.exception_class_path if item.error else None,
-                retry_in=item.retry_in,
-            )
-        else:
-            events.emit(
-                "job_failed",
-                **fields,
-                error=item.error.exception_class_path if item.error else None,
-                traceback=item.error.traceback if item.error else None,
-            )
-        if result is None:
+    def _hold(self, jobs: list[ClaimedJob]) -> None:
+        """Jobs a claim just gave us: ours from this moment, and started at once."""
+        if not jobs:
             return
-        status = JobStatus(outcome.status).task_result_status
-        object.__setattr__(result, "status", status)
-        if item.error is not None:
-            result.errors.append(item.error)
-        if outcome.status == JobStatus.SCHEDULED:
-            return  # not finished: another attempt is coming
-        object.__setattr__(result, "finished_at", finished_at)
-        if status == TaskResultStatus.SUCCESSFUL:
-            object.__setattr__(result, "_return_value", item.return_value)
-        task_finished.send(sender=self._sender, task_result=result)
+        events.emit("jobs_claimed", process=self.name, count=len(jobs))
+        started = time.monotonic()
+        for job in jobs:
+            self.held[job.id] = job
+            timeout = task_timeout(job.task_path)
+            if timeout is not None:
+                self.deadlines[job.id] = (started + timeout, timeout)
+        for job in jobs:
+            self.pool.submit(job)
 
     def _write_timeouts(self) -> None:
-        """Fail (or retry) the attempts that ran past their timeout: last, just before exit."""
+        """Fail (or retry) the attempts that ran past their timeout: last, just before exit.
+
+        Their threads still run, so a retry keeps us as its owner: it is not made ready
+        until our row is gone, which is after this process has ended."""
         stuck = [self.held[job_id] for job_id in self.timed_out if job_id in self.held]
         if not stuck:
             return
-        self.abandoned_threads = True  # their threads die with this process, right after this
         finished = []
         for job in stuck:
             exception = JobTimedOut(self.timed_out[job.id], self.name)
@@ -415,6 +337,8 @@ class Worker(Role):
             with contextlib.suppress(Exception):
                 task = resolve_task(job.task_path)
             outcome, retry_in = failure_outcome(job, task, exception, error)
+            if outcome.status != JobStatus.FAILED:
+                outcome = replace(outcome, keep_owner=True)
             finished.append(
                 Finished(
                     job=job,
@@ -423,17 +347,17 @@ class Worker(Role):
                     duration=0.0,
                     error=error,
                     retry_in=retry_in,
+                    timed_out=True,
                 )
             )
-        self._unwritten.extend(finished)
-        self.flush()
+        self.flush(extra=finished)
 
     # -- stopping ----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
         """Let running jobs finish within the shutdown timeout (jobs past their own timeout
-        will not: their threads are stuck). What is still held is given back by
-        ``final_release``, the last thing the process does before it ends."""
+        will not: their threads are stuck). What is held and not running is given back by
+        ``final_release``; what still runs then is given back once the process has ended."""
         events.emit(
             "process_stopping", process=self.name, running=self.pool.busy, immediate=self.immediate
         )
@@ -446,29 +370,28 @@ class Worker(Role):
             if not still_running or remaining <= 0:
                 break
             self._show_state()
-            self.waker.wait(min(remaining, 1.0))
+            self.pause(min(remaining, 1.0))
         if self.fenced_reason is None:
             self._flush_at_stop()
         if self._listener is not None:
             self._listener.stop()
             self._listener.join(2.0)
-        if self.pool.busy:
-            # These threads are still running: the process must end right after it gives
-            # their jobs back (os._exit), so they never run here and elsewhere at once.
-            self.abandoned_threads = True
         self.pool.stop(wait=False)
 
     def _flush_at_stop(self) -> None:
         try:
             self.flush()
-        except Exception as error:  # noqa: BLE001 - kept in _unwritten; the release follows
+        except Exception as error:  # noqa: BLE001 - kept unwritten; what runs is not released
             events.emit(
                 "finish_failed", process=self.name, error=f"{type(error).__name__}: {error}"
             )
 
     def final_release(self) -> None:
-        """Write the timed-out attempts and give back what is still held: among the very last
-        writes before the process ends (only the deregistration follows)."""
+        """Write the timed-out attempts, and give back the jobs held that no thread runs:
+        among the very last writes before the process ends (only its row's follows).
+
+        Jobs whose threads still run are not given back here: whoever is sure this process
+        has ended does that (its supervisor once it reaps it, or a prune), uncharged."""
         if self.fenced_reason is not None or not self.held:
             return
         try:
@@ -477,19 +400,29 @@ class Worker(Role):
             events.emit(
                 "finish_failed", process=self.name, error=f"{type(error).__name__}: {error}"
             )
-        leftover = [(job.id, job.attempt) for job in self.held.values()]
-        if not leftover:
+        unstarted = {job.id for job in self.pool.withdraw_unstarted()}
+        # Jobs whose outcome could not be written: no thread runs them any more.
+        unwritten = {item.job.id for item in self.outcomes.unwritten}
+        idle = [
+            (job.id, job.attempt)
+            for job in self.held.values()
+            if job.id in unstarted or job.id in unwritten
+        ]
+        if not idle:
             return
         try:
-            released = self.store.release(owner=self.registration.id, jobs=leftover)
-        except Exception as error:  # noqa: BLE001 - the orphan sweep takes them back later
+            released = self.store.release(owner=self.registration.id, jobs=idle)
+        except Exception as error:  # noqa: BLE001 - given back once this process is gone
             events.emit(
                 "release_failed",
                 process=self.name,
-                count=len(leftover),
+                count=len(idle),
                 error=f"{type(error).__name__}: {error}",
             )
             return
+        for job_id, _ in idle:
+            self.held.pop(job_id, None)
+        self.outcomes.unwritten = []
         if released:
             events.emit(
                 "jobs_released",
@@ -497,4 +430,3 @@ class Worker(Role):
                 count=len(released),
                 reason="immediate stop" if self.immediate else "shutdown timeout",
             )
-        self.held.clear()

@@ -1,0 +1,253 @@
+"""Writing a worker's outcomes: together where possible, never lost, never reported twice.
+
+The attempts a worker has run wait here until they are written, then each is reported (its
+events, Django's ``task_finished``) or, if the job was taken from us, discarded. In order:
+
+- One attempt, one outcome: should an attempt that timed out also finish for real before
+  either is written, the real outcome is kept.
+- The outcomes go in one statement, with the next claim where the database allows; the
+  claimed jobs are handed to the worker the moment the statement returns.
+- An outcome that may have to wait on an application's transaction (a unique job going back
+  to waiting, beside a twin the application has inserted and not yet committed) is written
+  on its own, giving up after a moment; it waits here and is tried again at the next flush.
+  So no application transaction holds up the queue, or deadlocks with it.
+- If the database refuses the batch for what it carries (a value it cannot store), each
+  outcome is written alone, and one it refuses becomes a failure that says why.
+- If the database is unavailable, everything waits here for the next flush. A write whose
+  answer was lost may have been committed: if its retry matches nothing, the rows are read
+  again before an outcome is called discarded.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_finished
+
+from stalwart import events, signals
+from stalwart.db import ClaimedJob
+from stalwart.db.errors import refuses_the_data
+from stalwart.exceptions import OutcomeNotStored
+from stalwart.jobs import JobStore
+from stalwart.models import JobStatus
+from stalwart.processes.outage import DatabaseFailure
+from stalwart.processes.runner import Finished, crashed_attempt
+from stalwart.queues import QueueSelector
+
+_WAITING = (JobStatus.SCHEDULED, JobStatus.BLOCKED, JobStatus.READY)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """Claim up to ``limit`` jobs with the write, for a worker with these queues."""
+
+    limit: int
+    worker_name: str
+    selector: QueueSelector
+    paused: Sequence[str]
+    alone: bool  # nothing else runs in the worker: it may take an isolated job
+
+
+def _may_wait(item: Finished) -> bool:
+    """Whether writing this outcome may wait on another transaction's unique key."""
+    return item.job.unique_key is not None and item.outcome.status in _WAITING
+
+
+def _one_per_job(items: list[Finished]) -> list[Finished]:
+    kept: dict[Any, Finished] = {}
+    for item in items:
+        other = kept.get(item.job.id)
+        if other is None or (other.timed_out and not item.timed_out):
+            kept[item.job.id] = item
+    return list(kept.values())
+
+
+class OutcomeWriter:
+    def __init__(self, store: JobStore, *, process: str, sender: type) -> None:
+        self.store = store
+        self.process = process
+        self.sender = sender
+        self.unwritten: list[Finished] = []
+        self._deferred_reported: set[Any] = set()
+
+    def flush(
+        self,
+        owner: int,
+        finished: list[Finished],
+        *,
+        claim: ClaimRequest | None = None,
+        hold: Callable[[list[ClaimedJob]], None] = lambda jobs: None,
+    ) -> list[Finished]:
+        """Write ``finished`` and whatever still waits here; with ``claim``, claim too, and
+        call ``hold`` with the claimed jobs at once. Returns the attempts settled now
+        (written and reported, or discarded); the rest waits for the next flush."""
+        pending = _one_per_job(self.unwritten + finished)
+        self.unwritten = pending  # kept until written, should a write fail
+        if not pending:
+            if claim is not None:
+                hold(self._claim(owner, claim))
+            return []
+        plain = [item for item in pending if not _may_wait(item)]
+        waiting = [item for item in pending if _may_wait(item)]
+        combined = (
+            claim is not None
+            and bool(plain)
+            and self.store.can_finish_and_claim(claim.selector)
+            and not any(item.job.concurrency_key for item in plain)
+        )
+        deferred: list[Finished] = []
+        try:
+            written: dict = {}
+            if combined:
+                written, claimed = self.store.finish_and_claim(
+                    owner=owner,
+                    outcomes=[item.outcome for item in plain],
+                    worker_name=claim.worker_name,
+                    selector=claim.selector,
+                    limit=claim.limit,
+                    paused=claim.paused,
+                    alone=claim.alone,
+                )
+                hold(claimed)
+            elif plain:
+                written = self._write(owner, plain)
+            for item in waiting:
+                result = self.store.finish_unless_waiting(owner=owner, outcome=item.outcome)
+                if result is None:
+                    deferred.append(item)
+                else:
+                    written |= result
+            uncertain = [
+                item.outcome
+                for item in pending
+                if item.uncertain and item not in deferred and item.job.id not in written
+            ]
+            if uncertain:
+                written |= self.store.settled(owner=owner, outcomes=uncertain)
+        except DatabaseFailure as error:
+            if not refuses_the_data(error) or not plain:
+                for item in pending:
+                    item.uncertain = True  # a lost answer may hide a committed write
+                raise
+            return self._one_by_one(owner, pending, claim, hold)
+        self.unwritten = deferred
+        self._report_deferred(deferred)
+        settled = [item for item in pending if item not in deferred]
+        self._report(settled, written)
+        if claim is not None and not combined:
+            hold(self._claim(owner, claim))  # after the report: written outcomes are settled
+        return settled
+
+    def _one_by_one(
+        self,
+        owner: int,
+        pending: list[Finished],
+        claim: ClaimRequest | None,
+        hold: Callable[[list[ClaimedJob]], None],
+    ) -> list[Finished]:
+        """The batch was refused for what it carries: write each outcome alone; one the
+        database will not take becomes a failure that says why, so a bad outcome never
+        blocks the others."""
+        written: dict = {}
+        for index, item in enumerate(pending):
+            try:
+                written |= self._write(owner, [item])
+            except DatabaseFailure as error:
+                if not refuses_the_data(error):
+                    raise
+                events.emit(
+                    "outcome_not_stored",
+                    job=item.job.id,
+                    task=item.job.task_path,
+                    error=f"{type(error).__name__}: {error}",
+                )
+                replacement = crashed_attempt(item.job, OutcomeNotStored(str(error)))
+                pending[index] = replacement
+                written |= self._write(owner, [replacement])
+        self.unwritten = []
+        self._report(pending, written)
+        if claim is not None:
+            hold(self._claim(owner, claim))
+        return pending
+
+    def _write(self, owner: int, items: list[Finished]) -> dict:
+        return self.store.finish(
+            owner=owner,
+            outcomes=[item.outcome for item in items],
+            free_keys=[
+                item.job.concurrency_key for item in items if item.job.concurrency_key is not None
+            ],
+        )
+
+    def _claim(self, owner: int, claim: ClaimRequest) -> list[ClaimedJob]:
+        return self.store.claim(
+            owner=owner,
+            worker_name=claim.worker_name,
+            selector=claim.selector,
+            limit=claim.limit,
+            paused=claim.paused,
+            alone=claim.alone,
+        )
+
+    def _report_deferred(self, deferred: list[Finished]) -> None:
+        for item in deferred:
+            if item.job.id not in self._deferred_reported:
+                self._deferred_reported.add(item.job.id)
+                events.emit(
+                    "outcome_deferred",
+                    job=item.job.id,
+                    task=item.job.task_path,
+                    reason="another transaction holds its unique key; it is tried again",
+                )
+
+    def _report(self, settled: list[Finished], written: dict) -> None:
+        for item in settled:
+            self._deferred_reported.discard(item.job.id)
+            if item.job.id in written:
+                self._report_written(item, written[item.job.id])
+            else:
+                events.emit(
+                    "job_result_discarded",
+                    job=item.job.id,
+                    task=item.job.task_path,
+                    attempt=item.job.attempt,
+                    reason="the job is no longer ours (released or taken over)",
+                )
+
+    def _report_written(self, item: Finished, finished_at: Any) -> None:
+        outcome, result = item.outcome, item.result
+        fields = {
+            "job": item.job.id,
+            "task": item.job.task_path,
+            "attempt": item.job.attempt,
+            "duration": item.duration,
+        }
+        if outcome.status == JobStatus.SUCCESSFUL:
+            events.emit("job_succeeded", **fields)
+        elif outcome.status == JobStatus.SCHEDULED:
+            events.emit(
+                "job_retry_scheduled",
+                **fields,
+                error=item.error.exception_class_path if item.error else None,
+                retry_in=item.retry_in,
+            )
+        else:
+            events.emit(
+                "job_failed",
+                **fields,
+                error=item.error.exception_class_path if item.error else None,
+                traceback=item.error.traceback if item.error else None,
+            )
+        if result is None:
+            return
+        status = JobStatus(outcome.status).task_result_status
+        object.__setattr__(result, "status", status)
+        if item.error is not None:
+            result.errors.append(item.error)
+        if outcome.status == JobStatus.SCHEDULED:
+            return  # not finished: another attempt is coming
+        object.__setattr__(result, "finished_at", finished_at)
+        if status == TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", item.return_value)
+        signals.send(task_finished, "task_finished", sender=self.sender, task_result=result)
