@@ -38,7 +38,7 @@ def wait_for(condition: Callable[[], Any], *, timeout: float = 10.0, message: st
 
 
 def make_worker(queues: str = "*", threads: int = 4, **kwargs: Any) -> Worker:
-    config = task_backends["default"].config
+    config = kwargs.pop("config", None) or task_backends["default"].config
     return Worker(
         config=config,
         worker=WorkerOptions(

@@ -142,7 +142,13 @@ class JobStore:
         return claimed
 
     def _in_transaction(
-        self, what: str, work: Any, *, atomic: bool = False, conflicts: bool = True
+        self,
+        what: str,
+        work: Any,
+        *,
+        atomic: bool = False,
+        conflicts: bool = True,
+        lock_waits: bool = True,
     ) -> Any:
         """Run ``work(cursor)`` as one transaction (a single statement needs no BEGIN)."""
 
@@ -153,7 +159,9 @@ class JobStore:
             with transaction.atomic(using=self.database), self.connection.cursor() as cursor:
                 return work(cursor)
 
-        return retry_transient(self.database, run, what=what, conflicts=conflicts)
+        return retry_transient(
+            self.database, run, what=what, conflicts=conflicts, lock_waits=lock_waits
+        )
 
     def finish(
         self, *, owner: int, outcomes: Sequence[Outcome], free_keys: Sequence[str] = ()
@@ -174,7 +182,8 @@ class JobStore:
                 self.statements.unblock(cursor, key=key, notify=self.notify)
             return written
 
-        written = self._in_transaction("finish", work, atomic=bool(free_keys))
+        # A lock waited on too long is not waited on again: the worker writes the others.
+        written = self._in_transaction("finish", work, atomic=bool(free_keys), lock_waits=False)
         if len(tries) > 1:
             written |= self._settled(owner, outcomes, written)
         return written
@@ -246,7 +255,7 @@ class JobStore:
                 )
 
         written, claimed = retry_transient(
-            self.database, run, what="finish and claim", conflicts=True
+            self.database, run, what="finish and claim", conflicts=True, lock_waits=False
         )
         if len(tries) > 1:
             # A lost answer may also hide a claim: the worker's reconciliation returns it.

@@ -13,6 +13,7 @@ from django.db.models import Count, F, Min
 from stalwart.conf import Options
 from stalwart.control import paused_queues
 from stalwart.models import Job, Process
+from stalwart.processes.registry import LEAVING
 from stalwart.queues import QueueSelector
 from stalwart.ticks import database_now
 
@@ -34,6 +35,10 @@ class ProcessStatus:
     threads: int | None
     busy: int | None
     rss_bytes: int | None
+    # Seconds its main loop has failed to do its work (the database refusing it), if it has.
+    failing_for: float | None = None
+    error: str | None = None
+    leaving: bool = False  # ended with jobs still running; they go back once it is pruned
 
 
 @dataclass(slots=True)
@@ -54,6 +59,8 @@ class Status:
     database_time: datetime
     processes: list[ProcessStatus] = field(default_factory=list)
     queues: list[QueueStatus] = field(default_factory=list)
+    # A process whose loop has failed this long cannot do its work: a problem.
+    failing_limit: float = 30.0
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,10 +87,13 @@ class Status:
                     f"{queue.oldest_ready_age_seconds:.0f} s (over {max_ready_age:g} s)"
                 )
         for process in self.processes:
+            where = f"{process.kind} {process.name} (pid {process.pid} on {process.hostname})"
             if not process.alive:
+                found.append(f"{where} sent no heartbeat for {process.heartbeat_age_seconds:.0f} s")
+            elif process.failing_for is not None and process.failing_for > self.failing_limit:
                 found.append(
-                    f"{process.kind} {process.name} (pid {process.pid} on {process.hostname}) "
-                    f"sent no heartbeat for {process.heartbeat_age_seconds:.0f} s"
+                    f"{where} has failed to do its work for {process.failing_for:.0f} s: "
+                    f"{process.error}"
                 )
         return found
 
@@ -91,7 +101,7 @@ class Status:
 def collect_status(config: Options) -> Status:
     database = config.database
     now = database_now(database)
-    status = Status(database_time=now)
+    status = Status(database_time=now, failing_limit=config.process_alive_threshold / 2)
     rows = Process.objects.using(database).order_by(
         "hostname", F("supervisor").asc(nulls_first=True), "id"
     )
@@ -112,6 +122,13 @@ def collect_status(config: Options) -> Status:
                 threads=row.metadata.get("threads"),
                 busy=row.metadata.get("busy"),
                 rss_bytes=row.metadata.get("rss_bytes"),
+                failing_for=(
+                    None
+                    if row.metadata.get("failing_for") is None
+                    else row.metadata["failing_for"] + heartbeat_age
+                ),
+                error=row.metadata.get("error"),
+                leaving=bool(row.metadata.get(LEAVING)),
             )
         )
     queues: dict[str, QueueStatus] = {}

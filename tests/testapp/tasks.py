@@ -2,8 +2,10 @@
 
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.db import connection, transaction
 from django.tasks import TaskContext, task
@@ -205,3 +207,53 @@ def raises_unstorable() -> None:
 @stalwart.task(max_attempts=3, backoff=lambda failures: None)
 def broken_backoff() -> None:
     raise ConnectionError("retry me, if you can")
+
+
+# -- tasks that misbehave the way production code does -----------------------------------------
+
+
+@task
+def exit_hard(code: int = 3) -> None:
+    """A poison job: it ends its process on the spot, skipping every clean-up."""
+    os._exit(code)
+
+
+@task(takes_context=True)
+def start_grandchild(context: TaskContext, pidfile: str, then: str = "return") -> None:
+    """Starts a long-lived subprocess, records its pid, then returns, dies, or sleeps."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "120"])  # noqa: S607 - the test's own command
+    Path(pidfile).write_text(str(child.pid))
+    if then == "die":
+        os._exit(3)
+    if then == "sleep":
+        time.sleep(120)
+
+
+@task
+def hold_the_gil(seconds: int) -> None:
+    """Holds the GIL for ``seconds``, as a C extension that never releases it does."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(seconds)  # PyDLL keeps the GIL across the call
+
+
+# A gate the next task waits at, for tests that run workers in their own process.
+GATE = threading.Event()
+
+
+@task
+def wait_at_gate(seconds: float = 30.0) -> bool:
+    """Runs until the test opens ``GATE`` (or ``seconds`` pass): a job still running."""
+    return GATE.wait(seconds)
+
+
+@stalwart.task(unique=True, max_attempts=3, backoff=0, takes_context=True)
+def unique_fails_once(context: TaskContext, day: str) -> str:
+    """A unique job whose first attempt fails (once ``GATE`` opens), so that it goes back to
+    waiting with its key."""
+    if context.attempt == 1:
+        GATE.wait(30)
+        raise ConnectionError("first attempt fails")
+    return day

@@ -62,6 +62,18 @@ def _megabytes(value: int | None) -> str:
     return "-" if value is None else f"{value / 1024 / 1024:.0f} MB"
 
 
+def _state_text(process: Any) -> str:
+    """DEAD (silent too long), leaving (ended with jobs running), failing (its loop cannot
+    do its work), or alive."""
+    if not process.alive:
+        return "DEAD"
+    if process.leaving:
+        return "leaving"
+    if process.failing_for is not None:
+        return f"failing for {_seconds_text(process.failing_for)}"
+    return "alive"
+
+
 def _seconds_text(value: float | None) -> str:
     if value is None:
         return "-"
@@ -102,7 +114,7 @@ def status(command: Any, options: dict[str, Any]) -> int:
                         _seconds_text(p.heartbeat_age_seconds) + " ago",
                         "-" if p.busy is None else f"{p.busy}/{p.threads}",
                         _megabytes(p.rss_bytes),
-                        "alive" if p.alive else "DEAD",
+                        _state_text(p),
                     ]
                     for p in current.processes
                 ],
@@ -206,7 +218,7 @@ def processes(command: Any, options: dict[str, Any]) -> int:
                     str(p.pid),
                     "-" if p.supervisor is None else str(p.supervisor),
                     _seconds_text(p.heartbeat_age_seconds) + " ago",
-                    "alive" if p.alive else "DEAD",
+                    _state_text(p),
                 ]
                 for p in current.processes
             ],

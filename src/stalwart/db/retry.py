@@ -7,7 +7,7 @@ from collections.abc import Callable
 from django.db import DatabaseError, InterfaceError, connections
 
 from stalwart import events
-from stalwart.db.errors import is_transient, is_unique_conflict
+from stalwart.db.errors import is_lock_wait, is_transient, is_unique_conflict
 
 
 def retry_transient[T](
@@ -19,13 +19,15 @@ def retry_transient[T](
     first_delay: float = 0.02,
     max_delay: float = 2.0,
     conflicts: bool = False,
+    lock_waits: bool = True,
 ) -> T:
     """Run ``operation`` (one whole transaction of ours), retrying transient failures.
 
     Never retries inside a transaction the caller owns: the error would have poisoned it.
     With ``conflicts``, a unique-index conflict is retried too: the statements that move a job
     back to waiting drop its unique key when they see a twin, which a racing twin defeats
-    only until the next try.
+    only until the next try. Without ``lock_waits``, a lock waited on past ``lock_timeout``
+    is not retried: the caller has a better use for the time than waiting again.
     """
     connection = connections[alias]
     delay = first_delay
@@ -33,7 +35,9 @@ def retry_transient[T](
         try:
             return operation()
         except (DatabaseError, InterfaceError) as error:
-            retryable = is_transient(error) or (conflicts and is_unique_conflict(error))
+            retryable = (is_transient(error) or (conflicts and is_unique_conflict(error))) and (
+                lock_waits or not is_lock_wait(error)
+            )
             if connection.in_atomic_block or not retryable or attempt == attempts:
                 raise
             events.emit(

@@ -8,9 +8,10 @@ events, Django's ``task_finished``) or, if the job was taken from us, discarded.
 - The outcomes go in one statement, with the next claim where the database allows; the
   claimed jobs are handed to the worker the moment the statement returns.
 - An outcome that may have to wait on an application's transaction (a unique job going back
-  to waiting, beside a twin the application has inserted and not yet committed) is written
-  on its own, giving up after a moment; it waits here and is tried again at the next flush.
-  So no application transaction holds up the queue, or deadlocks with it.
+  to waiting, beside a twin the application has inserted and not yet committed; or a row an
+  application has locked) is written on its own, giving up after a moment; it waits here and
+  is tried again at the next flush. So no application transaction holds up the queue, or
+  deadlocks with it.
 - If the database refuses the batch for what it carries (a value it cannot store), each
   outcome is written alone, and one it refuses becomes a failure that says why.
 - If the database is unavailable, everything waits here for the next flush. A write whose
@@ -27,7 +28,7 @@ from django.tasks.signals import task_finished
 
 from stalwart import events, signals
 from stalwart.db import ClaimedJob
-from stalwart.db.errors import refuses_the_data
+from stalwart.db.errors import is_lock_wait, refuses_the_data
 from stalwart.exceptions import OutcomeNotStored
 from stalwart.jobs import JobStore
 from stalwart.models import JobStatus
@@ -88,49 +89,23 @@ class OutcomeWriter:
             if claim is not None:
                 hold(self._claim(owner, claim))
             return []
-        plain = [item for item in pending if not _may_wait(item)]
-        waiting = [item for item in pending if _may_wait(item)]
-        combined = (
-            claim is not None
-            and bool(plain)
-            and self.store.can_finish_and_claim(claim.selector)
-            and not any(item.job.concurrency_key for item in plain)
-        )
-        deferred: list[Finished] = []
+        combined = claim is not None and self._can_combine(pending, claim)
         try:
-            written: dict = {}
-            if combined:
-                written, claimed = self.store.finish_and_claim(
-                    owner=owner,
-                    outcomes=[item.outcome for item in plain],
-                    worker_name=claim.worker_name,
-                    selector=claim.selector,
-                    limit=claim.limit,
-                    paused=claim.paused,
-                    alone=claim.alone,
-                )
-                hold(claimed)
-            elif plain:
-                written = self._write(owner, plain)
-            for item in waiting:
-                result = self.store.finish_unless_waiting(owner=owner, outcome=item.outcome)
-                if result is None:
-                    deferred.append(item)
-                else:
-                    written |= result
-            uncertain = [
-                item.outcome
-                for item in pending
-                if item.uncertain and item not in deferred and item.job.id not in written
-            ]
-            if uncertain:
-                written |= self.store.settled(owner=owner, outcomes=uncertain)
+            written, deferred = self._write_pending(
+                owner, pending, claim if combined else None, hold
+            )
         except DatabaseFailure as error:
-            if not refuses_the_data(error) or not plain:
+            if is_lock_wait(error):
+                # A row or key the batch needs is locked by a transaction that is not ours:
+                # write what can be written, and let the rest wait.
+                written, deferred = self._write_each(owner, pending, briefly=True)
+            elif refuses_the_data(error):
+                written, deferred = self._write_each(owner, pending)
+            else:
                 for item in pending:
                     item.uncertain = True  # a lost answer may hide a committed write
                 raise
-            return self._one_by_one(owner, pending, claim, hold)
+            combined = False
         self.unwritten = deferred
         self._report_deferred(deferred)
         settled = [item for item in pending if item not in deferred]
@@ -139,18 +114,72 @@ class OutcomeWriter:
             hold(self._claim(owner, claim))  # after the report: written outcomes are settled
         return settled
 
-    def _one_by_one(
+    def _can_combine(self, pending: list[Finished], claim: ClaimRequest) -> bool:
+        """Whether the outcomes that need not wait can go in one statement with the claim."""
+        plain = [item for item in pending if not _may_wait(item)]
+        return (
+            bool(plain)
+            and self.store.can_finish_and_claim(claim.selector)
+            and not any(item.job.concurrency_key for item in plain)
+        )
+
+    def _write_pending(
         self,
         owner: int,
         pending: list[Finished],
         claim: ClaimRequest | None,
         hold: Callable[[list[ClaimedJob]], None],
-    ) -> list[Finished]:
-        """The batch was refused for what it carries: write each outcome alone; one the
-        database will not take becomes a failure that says why, so a bad outcome never
-        blocks the others."""
+    ) -> tuple[dict, list[Finished]]:
+        """The outcomes that need not wait in one statement (with ``claim``, if given), then
+        each of the others, giving up on those that would wait; then, for writes that failed
+        earlier and may have committed, what the rows say. Returns what was written, and
+        what must wait."""
+        plain = [item for item in pending if not _may_wait(item)]
         written: dict = {}
-        for index, item in enumerate(pending):
+        if claim is not None:
+            written, claimed = self.store.finish_and_claim(
+                owner=owner,
+                outcomes=[item.outcome for item in plain],
+                worker_name=claim.worker_name,
+                selector=claim.selector,
+                limit=claim.limit,
+                paused=claim.paused,
+                alone=claim.alone,
+            )
+            hold(claimed)
+        elif plain:
+            written = self._write(owner, plain)
+        more, deferred = self._write_each(
+            owner, [item for item in pending if _may_wait(item)], briefly=True
+        )
+        written |= more
+        uncertain = [
+            item.outcome
+            for item in pending
+            if item.uncertain and item not in deferred and item.job.id not in written
+        ]
+        if uncertain:
+            written |= self.store.settled(owner=owner, outcomes=uncertain)
+        return written, deferred
+
+    def _write_each(
+        self, owner: int, items: list[Finished], *, briefly: bool = False
+    ) -> tuple[dict, list[Finished]]:
+        """Write each outcome alone. ``briefly``: one that would wait on a lock held by
+        another transaction waits here instead. Otherwise (the batch was refused for what it
+        carries) one the database will not take becomes a failure that says why. So one bad
+        or blocked outcome never holds up the others. Returns what was written, and what
+        must wait."""
+        written: dict = {}
+        deferred: list[Finished] = []
+        for index, item in enumerate(items):
+            if briefly:
+                result = self.store.finish_unless_waiting(owner=owner, outcome=item.outcome)
+                if result is None:
+                    deferred.append(item)
+                else:
+                    written |= result
+                continue
             try:
                 written |= self._write(owner, [item])
             except DatabaseFailure as error:
@@ -163,13 +192,9 @@ class OutcomeWriter:
                     error=f"{type(error).__name__}: {error}",
                 )
                 replacement = crashed_attempt(item.job, OutcomeNotStored(str(error)))
-                pending[index] = replacement
+                items[index] = replacement
                 written |= self._write(owner, [replacement])
-        self.unwritten = []
-        self._report(pending, written)
-        if claim is not None:
-            hold(self._claim(owner, claim))
-        return pending
+        return written, deferred
 
     def _write(self, owner: int, items: list[Finished]) -> dict:
         return self.store.finish(

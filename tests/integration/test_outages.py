@@ -1,0 +1,117 @@
+"""A role's main loop and the database going away: it reconnects, says so once, and says
+so in its heartbeat while it cannot do its work."""
+
+import os
+import threading
+from dataclasses import replace
+
+import pytest
+from django.db import connection, connections
+
+from stalwart.conf import SchedulerOptions
+from stalwart.models import RecurringRun
+from stalwart.processes.scheduler import Scheduler
+from stalwart.recurring import read_recurring
+from stalwart.status import collect_status
+from tests.helpers import WorkerThread, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def postgresql(vendor):
+    if vendor != "postgresql":
+        pytest.skip("terminating a session, and row locks, are PostgreSQL's (SQLite is a file)")
+
+
+def every_second(backend):
+    recurring = read_recurring(
+        {"tick": {"task": "tests.testapp.tasks.noop", "schedule": "* * * * * *"}},
+        "recurring",
+        "UTC",
+    )
+    return replace(backend.config, recurring=recurring)
+
+
+def terminate(application_name: str) -> int:
+    """End, on the server, every session with this name (what a failover does to them)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s",
+            [application_name],
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_scheduler_whose_connection_is_terminated_reconnects_and_keeps_ticking(
+    postgresql, backend, recorded_events
+):
+    scheduler = Scheduler(
+        config=every_second(backend), scheduler=SchedulerOptions(polling_interval=0.1)
+    )
+    running = WorkerThread(scheduler).start()
+    try:
+        wait_for(RecurringRun.objects.exists, message="the first tick")
+        wait_for(
+            lambda: terminate(f"stalwart:scheduler:{os.getpid()}") == 1,
+            message="the scheduler's session to be terminated",
+        )
+        ticks = RecurringRun.objects.count()
+        wait_for(
+            lambda: RecurringRun.objects.count() >= ticks + 2,
+            timeout=10,
+            message="ticks after the outage",
+        )
+    finally:
+        scheduler.request_stop()
+        running.join(15)
+    mine = [action for action, fields in recorded_events if fields.get("process") == scheduler.name]
+    assert mine.count("database_unavailable") == 1, mine
+    assert mine.count("database_recovered") == 1, mine
+
+
+def test_a_scheduler_that_cannot_work_is_reported_by_the_health_check(postgresql, backend):
+    config = every_second(backend)
+    scheduler = Scheduler(config=config, scheduler=SchedulerOptions(polling_interval=0.1))
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold_the_table() -> None:
+        # An application transaction that keeps the scheduler's table locked.
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute("LOCK TABLE stalwart_recurring_run IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                release.wait(30)
+                cursor.execute("COMMIT")
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_table)
+    holder.start()
+    running = None
+    try:
+        assert locked.wait(10)
+        running = WorkerThread(scheduler).start()
+
+        def reported() -> list[str]:
+            return [
+                problem
+                for problem in collect_status(config).problems(max_ready_age=None)
+                if scheduler.name in problem and "failed to do its work" in problem
+            ]
+
+        problems = wait_for(reported, timeout=15, message="the failing scheduler to be reported")
+        assert "lock timeout" in problems[0]
+        release.set()
+        holder.join(10)
+        wait_for(RecurringRun.objects.exists, timeout=10, message="a tick")
+        wait_for(lambda: not reported(), timeout=10, message="the report to clear")
+    finally:
+        release.set()
+        holder.join(10)
+        if running is not None:
+            scheduler.request_stop()
+            running.join(15)

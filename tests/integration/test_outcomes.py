@@ -1,0 +1,260 @@
+"""Outcomes: written once, reported once, never held up by the application's code."""
+
+import threading
+from dataclasses import replace
+
+import psycopg
+import pytest
+from django.db import OperationalError, connection, connections
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_finished
+
+from stalwart.db import Outcome
+from stalwart.db.deadline import _cut
+from stalwart.jobs import JobStore
+from stalwart.models import Job, Process
+from stalwart.processes.outcomes import OutcomeWriter
+from stalwart.processes.runner import Finished
+from stalwart.queues import QueueSelector
+from tests.helpers import make_worker, register_processes, wait_for, worker_thread
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVERYTHING = QueueSelector.parse("*")
+
+
+@pytest.fixture
+def finished_signals():
+    sent: list = []
+
+    def receiver(sender, task_result, **kwargs) -> None:
+        sent.append(task_result.id)
+
+    task_finished.connect(receiver)
+    yield sent
+    task_finished.disconnect(receiver)
+
+
+def claimed_job(owner: int = 41):
+    register_processes(owner)
+    result = tasks.add.enqueue(20, 22)
+    (job,) = JobStore("default").claim(owner=owner, worker_name="w", selector=EVERYTHING, limit=1)
+    return result, job
+
+
+def success(job, value: str = "42", **changes) -> Finished:
+    return Finished(
+        job=job,
+        outcome=Outcome(id=job.id, attempt=job.attempt, status="successful", return_value=value),
+        result=None,
+        duration=0.0,
+        **changes,
+    )
+
+
+def deferrals(recorded_events) -> list:
+    return [
+        (action, str(fields["job"]))
+        for action, fields in recorded_events
+        if action == "outcome_deferred"
+    ]
+
+
+def test_a_receiver_that_raises_neither_kills_the_worker_nor_strands_a_job(recorded_events):
+    def raises(sender, task_result, **kwargs) -> None:
+        raise RuntimeError("a receiver with a bug")
+
+    task_finished.connect(raises)
+    try:
+        results = [tasks.add.enqueue(number, number) for number in range(12)]
+        with worker_thread(threads=2) as worker:
+            wait_for(
+                lambda: Job.objects.filter(status="successful").count() == len(results),
+                timeout=15,
+                message="every job to succeed despite the receiver",
+            )
+            assert worker.exit_status == 0
+    finally:
+        task_finished.disconnect(raises)
+    assert not Job.objects.exclude(status="successful").exists()
+    failures = [fields for action, fields in recorded_events if action == "signal_receiver_failed"]
+    assert len(failures) == len(results)
+    assert failures[0]["signal"] == "task_finished"
+    assert "a receiver with a bug" in failures[0]["traceback"]
+
+
+def test_a_timed_out_attempt_that_also_finished_is_written_and_reported_once(finished_signals):
+    result, job = claimed_job()
+    writer = OutcomeWriter(JobStore("default"), process="w", sender=object)
+    timed_out = Finished(
+        job=job,
+        outcome=Outcome(id=job.id, attempt=job.attempt, status="failed", errors="[]"),
+        result=None,
+        duration=0.0,
+        timed_out=True,
+    )
+    real = success(job)
+    object.__setattr__(real, "result", result)
+    settled = writer.flush(41, [timed_out, real])
+    assert settled == [real]
+    assert finished_signals == [result.id]
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+
+
+def test_an_outcome_whose_commit_answer_was_lost_is_reported_not_discarded(
+    vendor, recorded_events, finished_signals
+):
+    if vendor != "postgresql":
+        pytest.skip("a lost answer needs a network link (SQLite is a local file)")
+    result, job = claimed_job()
+    lost = []
+
+    def lose_the_answer(execute, sql, params, many, context):
+        answer = execute(sql, params, many, context)  # committed (autocommit)...
+        if "UPDATE stalwart_job" in sql and not lost:
+            lost.append(sql)
+            _cut(connection)  # ...and the link goes down before the answer arrives
+            message = "server closed the connection unexpectedly"
+            raise OperationalError(message) from psycopg.OperationalError(message)
+        return answer
+
+    item = success(job)
+    object.__setattr__(item, "result", result)
+    writer = OutcomeWriter(JobStore("default"), process="w", sender=object)
+    with connection.execute_wrapper(lose_the_answer):
+        settled = writer.flush(41, [item])
+    assert lost, "the fault was not injected"
+    assert settled == [item]
+    actions = [action for action, _ in recorded_events]
+    assert "job_result_discarded" not in actions
+    assert "job_succeeded" in actions
+    assert finished_signals == [result.id]
+
+
+def test_an_application_lock_on_a_job_row_does_not_stall_the_worker(vendor, recorded_events):
+    if vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite's one writer is another matter")
+    gate = tasks.GATE
+    gate.clear()
+    blocked = tasks.wait_at_gate.enqueue()
+    locked = threading.Event()
+    release = threading.Event()
+
+    def lock_the_row() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute("SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [blocked.id])
+                locked.set()
+                release.wait(30)
+                cursor.execute("COMMIT")
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=lock_the_row)
+    try:
+        with worker_thread(threads=1):
+            wait_for(
+                lambda: Job.objects.get(pk=blocked.id).status == "running",
+                message="the job to start",
+            )
+            holder.start()
+            assert locked.wait(10)
+            gate.set()  # it finishes while the application holds its row
+            unrelated = tasks.add.enqueue(1, 1)
+            wait_for(
+                lambda: Job.objects.get(pk=unrelated.id).status == "successful",
+                timeout=5,
+                message="an unrelated job to run while the row is locked",
+            )
+            assert Job.objects.get(pk=blocked.id).status == "running"
+            assert ("outcome_deferred", blocked.id) in deferrals(recorded_events)
+            release.set()
+            wait_for(
+                lambda: Job.objects.get(pk=blocked.id).status == "successful",
+                timeout=10,
+                message="the outcome to be written once the lock is gone",
+            )
+    finally:
+        release.set()
+        gate.clear()
+        if holder.is_alive():
+            holder.join(10)
+
+
+def test_an_application_enqueueing_a_unique_twin_does_not_hold_up_the_queue(
+    vendor, recorded_events
+):
+    if vendor != "postgresql":
+        pytest.skip("a transaction waiting on another's unique key is PostgreSQL's")
+    gate = tasks.GATE
+    gate.clear()
+    first = tasks.unique_fails_once.enqueue("monday")
+    opened = threading.Event()
+    commit = threading.Event()
+
+    def enqueue_a_twin_and_wait() -> None:
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                tasks.unique_fails_once.enqueue("monday")  # the first is running: a new job
+                opened.set()
+                commit.wait(30)
+        finally:
+            connections.close_all()
+
+    application = threading.Thread(target=enqueue_a_twin_and_wait)
+    try:
+        with worker_thread(threads=1, promote_scheduled=True):
+            wait_for(
+                lambda: Job.objects.get(pk=first.id).attempt == 1,
+                message="the first attempt to start",
+            )
+            application.start()
+            assert opened.wait(10)
+            gate.set()  # the first attempt fails now, beside the uncommitted twin
+            unrelated = tasks.add.enqueue(2, 2)
+            wait_for(
+                lambda: Job.objects.get(pk=unrelated.id).status == "successful",
+                timeout=5,
+                message="an unrelated job to run while the twin is uncommitted",
+            )
+            assert ("outcome_deferred", first.id) in deferrals(recorded_events)
+            commit.set()
+            application.join(10)
+            wait_for(
+                lambda: Job.objects.filter(status="successful").count() == 3,
+                timeout=15,
+                message="the retry, the twin and the unrelated job to succeed",
+            )
+    finally:
+        commit.set()
+        gate.clear()
+        if application.is_alive():
+            application.join(10)
+    # The retry went back to waiting beside its twin: it dropped the key, each ran once.
+    assert Job.objects.filter(task_path__endswith="unique_fails_once").count() == 2
+
+
+def test_a_worker_stopped_past_its_timeout_keeps_the_jobs_its_threads_still_run(backend):
+    gate = tasks.GATE
+    gate.clear()
+    running = tasks.wait_at_gate.enqueue()
+    worker = make_worker(threads=2, config=replace(backend.config, shutdown_timeout=0.1))
+    try:
+        with worker_thread(worker):
+            wait_for(
+                lambda: Job.objects.get(pk=running.id).status == "running",
+                message="the job to start",
+            )
+        # The worker has ended; the job's thread has not: the job is not given back, and
+        # the worker's row says so, for whoever removes it once the process has ended.
+        job = Job.objects.get(pk=running.id)
+        assert (job.status, job.owner) == ("running", worker.registration.id)
+        assert worker.abandoned_threads
+        assert Process.objects.get(pk=worker.registration.id).metadata["leaving"] is True
+    finally:
+        gate.set()
