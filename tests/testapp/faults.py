@@ -4,8 +4,10 @@ Each fault is real (a heartbeat whose answers come late, a log handler that bloc
 receiver that raises); the variables only say where and when. ``install()`` runs in the test
 app's ``ready()``, so every ``python -m django`` child picks them up.
 
-- ``STALWART_TEST_SLOW_HEARTBEAT=<file>:<seconds>``: the heartbeat of each process whose pid
-  is listed in ``<file>`` gets its answers ``<seconds>`` late.
+- ``STALWART_TEST_SLOW_HEARTBEAT=<file>:<seconds>``: in a process whose pid is listed in
+  ``<file>``, the next heartbeat's answer arrives ``<seconds>`` late, and then the heartbeat's
+  link goes down (the socket is cut, reconnections are refused): a slow network, then a
+  partition, on that host only.
 - ``STALWART_TEST_BLOCKING_LOG=<file>``: while ``<file>`` exists, logging a job's success
   from a main thread blocks (as a log handler writing to a full pipe does).
 - ``STALWART_TEST_RAISING_RECEIVER=1``: a ``task_finished`` receiver that raises.
@@ -13,6 +15,7 @@ app's ``ready()``, so every ``python -m django`` child picks them up.
 
 import logging
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -26,22 +29,29 @@ def _listed(path: Path) -> bool:
         return False
 
 
-def _slow_heartbeats(spec: str) -> None:
+def _late_then_cut_off(spec: str) -> None:
     from django.db.backends.signals import connection_created
 
     path, _, seconds = spec.rpartition(":")
     flag, delay = Path(path), float(seconds)
+    done: list[bool] = []
 
-    def late_answers(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        result = execute(sql, params, many, context)
-        if "stalwart_process" in sql and _listed(flag):
-            time.sleep(delay)  # the answer is on its way: it arrives late
+    def late_answer(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)  # the database has stamped the beat...
+        if "stalwart_process" in sql and not done and _listed(flag):
+            done.append(True)
+            time.sleep(delay)  # ...and its answer arrives late...
+            connection = context["connection"]
+            # ...after which this link is down: reconnecting is refused.
+            connection.settings_dict = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": 1}
+            with socket.socket(fileno=os.dup(connection.connection.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
         return result
 
     def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
         heartbeat = threading.current_thread().name == "stalwart-heartbeat"
-        if heartbeat and late_answers not in connection.execute_wrappers:
-            connection.execute_wrappers.append(late_answers)
+        if heartbeat and late_answer not in connection.execute_wrappers:
+            connection.execute_wrappers.append(late_answer)
 
     connection_created.connect(on_connection, weak=False)
 
@@ -73,7 +83,7 @@ def _raising_receiver() -> None:
 
 def install() -> None:
     if spec := os.environ.get("STALWART_TEST_SLOW_HEARTBEAT"):
-        _slow_heartbeats(spec)
+        _late_then_cut_off(spec)
     if flag := os.environ.get("STALWART_TEST_BLOCKING_LOG"):
         logging.getLogger("stalwart").addHandler(BlockingHandler(flag))
     if os.environ.get("STALWART_TEST_RAISING_RECEIVER"):

@@ -1,0 +1,294 @@
+"""What production does to a supervised tree, done for real: sessions terminated, answers
+late and links cut, a main loop stuck, a poison job among innocent ones, a claim left by a
+crash, grandchildren, a table gone, a task that holds the GIL.
+
+Each test fails on a queue that does not survive it; each wait is bounded and polls, and
+every process is reaped (the ``reaped`` fixture kills whole trees).
+"""
+
+import os
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db import connection, connections
+
+from stalwart import Call, enqueue_many
+from stalwart.models import Job, Process
+from tests.acceptance.supervision import gone, owner_pid, running, start_supervisor, stop
+from tests.helpers import Child, child_env, wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Execution
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ALIVE = float(os.environ.get("STALWART_ALIVE", "5"))  # the suite's alive threshold
+
+
+def children_of(supervisor: Child) -> dict[str, int]:
+    row = Process.objects.get(pid=supervisor.pid, kind="supervisor")
+    return dict(Process.objects.filter(supervisor=row.id).values_list("name", "pid"))
+
+
+def hold(seconds: float, still_fine, message: str) -> None:
+    """Watch for ``seconds`` that ``still_fine()`` stays true (holding a fault open)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        assert still_fine(), message
+        time.sleep(0.1)  # a watch over a fixed span, not a synchronisation
+
+
+def lines_per_pid(output: str, action: str) -> Counter:
+    return Counter(re.findall(rf" (\d+) \w+ stalwart action={action}\b", output))
+
+
+def first_times(*conditions, timeout: float = 30.0) -> list[float]:
+    """Poll the conditions together; return when each first held (monotonic seconds)."""
+    seen: list[float | None] = [None] * len(conditions)
+    deadline = time.monotonic() + timeout
+    while None in seen and time.monotonic() < deadline:
+        for index, condition in enumerate(conditions):
+            if seen[index] is None and condition():
+                seen[index] = time.monotonic()
+        time.sleep(0.005)  # polling conditions
+    assert None not in seen, f"not every condition held within {timeout} s: {seen}"
+    return seen
+
+
+@pytest.fixture
+def postgresql(vendor):
+    if vendor != "postgresql":
+        pytest.skip("sessions, links and their faults are PostgreSQL's (SQLite is a file)")
+
+
+# 1: a restart or a failover ends every session --------------------------------------------
+
+
+def test_terminating_every_session_never_stops_a_healthy_tree(reaped, postgresql):
+    supervisor = start_supervisor("--processes", "2", children=4)
+    reaped.append(supervisor)
+    before = children_of(supervisor)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 5  # the supervisor's and each child's, at least
+    hold(
+        2 * ALIVE,
+        lambda: supervisor.process.poll() is None and children_of(supervisor) == before,
+        "the tree changed after its sessions were terminated",
+    )
+    results = enqueue_many(tasks.add, [Call(n, n) for n in range(20)])
+    wait_for(
+        lambda: Job.objects.filter(status="successful").count() == len(results),
+        timeout=20,
+        message="jobs enqueued after the outage to run",
+    )
+    assert stop(supervisor) == 0, supervisor.output
+    output = supervisor.output
+    assert "action=process_fenced" not in output
+    for action in ("database_unavailable", "heartbeat_failed"):
+        assert max(lines_per_pid(output, action).values(), default=0) <= 1, output
+
+
+# 3: a late answer, then a cut link: the worker is gone before its job is taken ------------
+
+
+def test_a_worker_whose_heartbeat_answers_late_is_gone_before_its_job_is_taken(
+    reaped, postgresql, tmp_path
+):
+    flag = tmp_path / "late"
+    supervisor = start_supervisor(
+        "--processes",
+        "2",
+        "--threads",
+        "1",
+        children=4,
+        STALWART_TEST_SLOW_HEARTBEAT=f"{flag}:{ALIVE * 0.6}",
+    )
+    reaped.append(supervisor)
+    result = tasks.record.enqueue(label="late", sleep=ALIVE * 4)
+    wait_for(lambda: running(result.id), message="the job to start")
+    slow = owner_pid(result.id)
+    flag.write_text(str(slow))
+    died, retaken = first_times(
+        lambda: gone(slow),
+        lambda: Job.objects.get(pk=result.id).attempt >= 2,
+        timeout=6 * ALIVE,
+    )
+    assert died < retaken, f"job taken {died - retaken:.3f} s before its worker had ended"
+    stop(supervisor, timeout=6 * ALIVE)
+
+
+# 4: a stuck main loop is a dead process ------------------------------------------------------
+
+
+def test_a_worker_whose_main_loop_is_stuck_ends_and_is_replaced(reaped, tmp_path):
+    flag = tmp_path / "blocked"
+    flag.touch()
+    supervisor = start_supervisor(
+        "--processes", "1", "--threads", "1", children=3, STALWART_TEST_BLOCKING_LOG=str(flag)
+    )
+    reaped.append(supervisor)
+    first = tasks.add.enqueue(1, 1)
+    wait_for(lambda: Job.objects.get(pk=first.id).status == "successful", message="the job")
+    stuck = next(pid for name, pid in children_of(supervisor).items() if "worker" in name)
+    # Logging its success blocks its main loop: no heartbeat vouches for it any more.
+    wait_for(lambda: gone(stuck), timeout=4 * ALIVE, message="the stuck worker to end")
+    flag.unlink()
+    second = tasks.add.enqueue(2, 2)
+    wait_for(
+        lambda: Job.objects.get(pk=second.id).status == "successful",
+        timeout=4 * ALIVE,
+        message="the replacement to run a job",
+    )
+    assert stop(supervisor) == 0, supervisor.output
+    assert "action=process_stalled" in supervisor.output
+    assert f'pid={stuck} how="was killed by SIGALRM"' in supervisor.output
+
+
+# 11: a poison job fails alone -----------------------------------------------------------------
+
+
+def test_a_poison_job_fails_alone_and_its_batch_mates_succeed(reaped):
+    supervisor = start_supervisor("--processes", "1", "--threads", "4", children=3)
+    reaped.append(supervisor)
+    poison = tasks.exit_hard.enqueue(3)
+    Job.objects.filter(pk=poison.id).update(max_attempts=3)
+    innocent = enqueue_many(tasks.record, [Call(label="innocent", sleep=1) for _ in range(3)])
+    wait_for(
+        lambda: not Job.objects.exclude(status__in=["successful", "failed"]).exists(),
+        timeout=60,
+        message="every job to end",
+    )
+    assert stop(supervisor) == 0, supervisor.output
+    for result in innocent:
+        job = Job.objects.get(pk=result.id)
+        assert (job.status, job.errors) == ("successful", []), job.errors
+    assert Execution.objects.filter(label="innocent").count() == 3
+    job = Job.objects.get(pk=poison.id)
+    assert job.status == "failed"
+    assert [error["exception_class_path"] for error in job.errors] == [
+        "stalwart.exceptions.ProcessDied"
+    ] * 3
+
+
+# 6: no job stays running for want of a dispatcher --------------------------------------------
+
+
+def test_a_supervisor_without_dispatchers_takes_back_orphaned_claims(reaped):
+    supervisor = start_supervisor("--dispatchers", "0", "--processes", "1", children=2)
+    reaped.append(supervisor)
+    result = tasks.add.enqueue(20, 22)
+    # A claim whose process row is gone, as a crash between the two would leave.
+    Job.objects.filter(pk=result.id).update(status="running", owner=987_654, attempt=1)
+    wait_for(
+        lambda: Job.objects.get(pk=result.id).status == "successful",
+        timeout=4 * ALIVE,
+        message="the orphaned job to be taken back and run",
+    )
+    assert stop(supervisor) == 0, supervisor.output
+    assert "action=orphans_released" in supervisor.output
+
+
+# 16: what a job starts does not outlive its worker ------------------------------------------
+
+
+def grandchild(pidfile: Path) -> int:
+    return int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), message="a pid"))
+
+
+def test_a_grandchild_of_a_worker_that_dies_is_ended(reaped, tmp_path):
+    supervisor = start_supervisor("--processes", "1", children=3)
+    reaped.append(supervisor)
+    pidfile = tmp_path / "sleep.pid"
+    result = tasks.start_grandchild.enqueue(str(pidfile), then="die")
+    Job.objects.filter(pk=result.id).update(max_attempts=1)
+    sleeper = grandchild(pidfile)
+    wait_for(lambda: gone(sleeper), timeout=10, message="the grandchild to be ended")
+    assert stop(supervisor) == 0, supervisor.output
+
+
+def test_grandchildren_end_with_a_stopped_supervisor_and_a_stopped_worker(reaped, tmp_path):
+    supervisor = start_supervisor("--processes", "1", "--shutdown-timeout", "0.5", children=3)
+    reaped.append(supervisor)
+    first = tmp_path / "first.pid"
+    tasks.start_grandchild.enqueue(str(first), then="sleep")
+    sleeper = grandchild(first)
+    assert stop(supervisor) == 0, supervisor.output
+    wait_for(lambda: gone(sleeper), timeout=10, message="the supervisor's grandchild to end")
+
+    connections.close_all()
+    second = tmp_path / "second.pid"
+    result = tasks.start_grandchild.enqueue(str(second), then="return")
+    with Child("queue", "work", "--poll-interval", "0.05", env=child_env()) as worker:
+        reaped.append(worker)
+        wait_for(lambda: Job.objects.get(pk=result.id).status == "successful", message="job")
+        left_behind = grandchild(second)
+        worker.signal(15)
+        assert worker.wait(timeout=30) == 0, worker.output
+    wait_for(lambda: gone(left_behind), timeout=10, message="the worker's grandchild to end")
+
+
+# 17: a database that refuses everything is waited out, not crash-looped --------------------
+
+
+def test_a_missing_table_is_waited_out_inside_each_process(reaped):
+    supervisor = start_supervisor("--processes", "1", children=3)
+    reaped.append(supervisor)
+    before = children_of(supervisor)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE stalwart_job RENAME TO stalwart_job_away")
+    try:
+        hold(
+            ALIVE,
+            lambda: supervisor.process.poll() is None,
+            "the supervisor ended while the table was missing",
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE stalwart_job_away RENAME TO stalwart_job")
+    results = enqueue_many(tasks.add, [Call(n, n) for n in range(5)])
+    wait_for(
+        lambda: Job.objects.filter(status="successful").count() == len(results),
+        timeout=20,
+        message="jobs to run once the table is back",
+    )
+    assert children_of(supervisor) == before  # nothing crashed, nothing was forked again
+    assert stop(supervisor) == 0, supervisor.output
+    output = supervisor.output
+    assert "action=process_crashed" not in output
+    assert "Traceback" not in output
+    unavailable = lines_per_pid(output, "database_unavailable")
+    assert unavailable, output  # the workers and the dispatcher noticed...
+    assert max(unavailable.values()) == 1, output  # ...and each said so once
+
+
+# 18: a task that holds the GIL cannot keep its process alive past its deadline -------------
+
+
+def test_a_task_holding_the_gil_ends_its_process_before_its_job_is_taken(reaped):
+    supervisor = start_supervisor("--processes", "2", "--threads", "1", children=4)
+    reaped.append(supervisor)
+    result = tasks.hold_the_gil.enqueue(int(ALIVE * 2))
+    Job.objects.filter(pk=result.id).update(max_attempts=2)
+    wait_for(lambda: running(result.id), message="the job to start")
+    holder = owner_pid(result.id)
+    died, retaken = first_times(
+        lambda: gone(holder),
+        lambda: Job.objects.get(pk=result.id).attempt >= 2,
+        timeout=6 * ALIVE,
+    )
+    assert died < retaken, f"job taken {died - retaken:.3f} s before its worker had ended"
+    wait_for(
+        lambda: Job.objects.get(pk=result.id).status == "failed",
+        timeout=6 * ALIVE,
+        message="the job to fail at its cap",
+    )
+    assert stop(supervisor) == 0, supervisor.output
+    assert f'pid={holder} how="was killed by SIGALRM"' in supervisor.output
+    assert not psutil.pid_exists(holder) or gone(holder)
