@@ -8,7 +8,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +112,15 @@ def child_env(**extra: str) -> dict[str, str]:
 class Child:
     """A process running ``python -m django …`` against the test database. Always reaped."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+    ) -> None:
+        """``prefix``: a command to run it under, e.g. ``faketime -f +30s``."""
         self.args = args
         # A file, not a pipe: a pipe nobody reads fills up and blocks the child's logging.
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in _collect()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "django", *args],
+            [*prefix, sys.executable, "-m", "django", *args],
             cwd=ROOT,
             env=env or child_env(),
             stdout=self._log,
