@@ -1,0 +1,97 @@
+"""Statements that lock rows other statements may lock take them in id order, as the docs
+say, so they cannot deadlock each other: PostgreSQL's plan locks rows (``LockRows``) as it
+reads them in id order (sorted on ``id``, or read along the primary key)."""
+
+import re
+import uuid
+
+import pytest
+from django.db import connection, connections
+
+from stalwart.db import Outcome, statements_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Recording:
+    """A stand-in cursor that keeps the statement it is given (run below with EXPLAIN)."""
+
+    rowcount = 0
+
+    def execute(self, sql: str, params: list | None = None) -> None:
+        self.sql, self.params = sql, params
+
+    def fetchall(self) -> list:
+        return []
+
+    def fetchone(self) -> tuple:
+        return (0, [])
+
+
+def plan_of(call) -> list[str]:
+    recording = Recording()
+    call(recording)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (COSTS OFF) " + recording.sql, recording.params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def locks_in_id_order(plan: list[str]) -> bool:
+    """Every LockRows node reads its rows sorted on id, or along the primary key."""
+    lock_lines = [index for index, line in enumerate(plan) if "LockRows" in line]
+    if not lock_lines:
+        return False
+    for index in lock_lines:
+        below = plan[index + 1 : index + 4]
+        sorted_on_id = any(re.search(r"Sort Key: (\w+\.)?id$", line.strip()) for line in below)
+        along_key = any("stalwart_job_pkey" in line for line in below[:1])
+        if not (sorted_on_id or along_key):
+            return False
+    return True
+
+
+@pytest.fixture
+def statements(vendor):
+    if vendor != "postgresql":
+        pytest.skip("SQLite has one writer at a time: no row locks, no lock order")
+    return statements_for(connections["default"])
+
+
+def outcomes() -> list[Outcome]:
+    return [Outcome(id=uuid.uuid4(), attempt=1, status="successful") for _ in range(10)]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        pytest.param(lambda s, c: s.finish(c, owner=1, outcomes=outcomes()), id="finish"),
+        pytest.param(
+            lambda s, c: s.release_rows(c, owner=1, jobs=[(uuid.uuid4(), 1)]), id="release"
+        ),
+        pytest.param(
+            lambda s, c: s.release_owner_rows(c, owner=1, error_class="x", error_text="y"),
+            id="release_owner",
+        ),
+        pytest.param(
+            lambda s, c: s.delete_batch(
+                c, statuses=["failed"], conditions="", params=[], limit=1000, older_than=60
+            ),
+            id="retention",
+        ),
+        pytest.param(
+            lambda s, c: s.delete_batch(
+                c, statuses=["failed"], conditions="AND queue_name = %s", params=["q"], limit=10
+            ),
+            id="discard",
+        ),
+        pytest.param(
+            lambda s, c: s.requeue_batch(
+                c, status="failed", conditions="", params=[], limit=1000, grant_attempt=True
+            ),
+            id="retry",
+        ),
+    ],
+)
+def test_rows_are_locked_in_id_order(statements, statement):
+    plan = plan_of(lambda cursor: statement(statements, cursor))
+    assert locks_in_id_order(plan), "\n".join(plan)
