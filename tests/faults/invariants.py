@@ -115,15 +115,12 @@ def _check_runs(
         counts.add("duplicated", f"job {job}: one attempt ran to its end twice: {attempts}")
     elif len(completed) > 1 and not reruns:
         counts.add("duplicated", f"job {job} ran to its end {len(completed)} times: {attempts}")
+    # A run with no end whose process lives is still running (until now); one whose process
+    # is gone ran until its last tick.
+    open_until = {run.pid: moment for run in job_runs if run.ended is None and alive(run.pid)}
     for index, first in enumerate(job_runs):
         for second in job_runs[index + 1 :]:
-            # A run with no end whose process is gone ended when its process did: unknown,
-            # and harmless (a dead process runs nothing); one still alive is still running.
-            if first.ended is None and not alive(first.pid):
-                continue
-            if second.ended is None and not alive(second.pid):
-                continue
-            if first.overlaps(second, open_until=moment) and not overlap:
+            if first.overlaps(second, open_until=open_until) and not overlap:
                 counts.add(
                     "overlapping",
                     f"job {job}: attempt {first.attempt} (pid {first.pid}) and attempt "

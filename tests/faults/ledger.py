@@ -1,7 +1,9 @@
 """The ledger: an append-only file in which fault tasks record every execution.
 
-One line per start and per end: ``start|end <job id> <attempt> <pid> <monotonic>``, and
-``spawned <job id> <attempt> <pid> <child pid>`` for processes a task starts. The file is
+One line per start and per end: ``start|end <job id> <attempt> <pid> <monotonic>``; while
+it runs, a ``tick`` line every ``TICK`` seconds (so a run that never ends, its process killed,
+is known to have run at least until its last tick); and ``spawned <job id> <attempt> <pid>
+<child pid>`` for processes a task starts. The file is
 named by ``STALWART_LEDGER``. Each line is one ``write()`` on an ``O_APPEND`` descriptor,
 so lines from many processes and threads never interleave. ``CLOCK_MONOTONIC`` is shared
 by every process on the host (``FAKETIME_DONT_FAKE_MONOTONIC=1`` keeps it so under
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "STALWART_LEDGER"
+TICK = 0.1
 
 
 def now() -> float:
@@ -42,11 +45,17 @@ class Execution:
     pid: int
     started: float
     ended: float | None = None
+    last_seen: float = 0.0  # the last sign of life: start, tick or end
 
-    def overlaps(self, other: "Execution", *, open_until: float) -> bool:
-        mine_end = self.ended if self.ended is not None else open_until
-        theirs_end = other.ended if other.ended is not None else open_until
-        return self.started < theirs_end and other.started < mine_end
+    def overlaps(self, other: "Execution", *, open_until: dict[int, float]) -> bool:
+        """Whether the two ran at the same time. A run that never ended ran until
+        ``open_until[pid]`` (now, for a live process), else until its last tick."""
+        return self.started < other.until(open_until) and other.started < self.until(open_until)
+
+    def until(self, open_until: dict[int, float]) -> float:
+        if self.ended is not None:
+            return self.ended
+        return open_until.get(self.pid, self.last_seen)
 
 
 @dataclass
@@ -67,13 +76,16 @@ class Ledger:
         for fields in self.lines():
             kind, job, attempt, pid = fields[0], fields[1], int(fields[2]), int(fields[3])
             if kind == "start":
-                run = Execution(job, attempt, pid, float(fields[4]))
+                run = Execution(job, attempt, pid, float(fields[4]), last_seen=float(fields[4]))
                 runs[job].append(run)
                 open_runs[(job, attempt, pid)] = run
-            elif kind == "end":
-                run = open_runs.pop((job, attempt, pid), None)
+            elif kind in ("tick", "end"):
+                run = open_runs.get((job, attempt, pid))
                 if run is not None:
-                    run.ended = float(fields[4])
+                    run.last_seen = float(fields[4])
+                    if kind == "end":
+                        run.ended = run.last_seen
+                        del open_runs[(job, attempt, pid)]
         for job_runs in runs.values():
             job_runs.sort(key=lambda run: run.started)
         return dict(runs)

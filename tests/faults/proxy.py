@@ -1,8 +1,10 @@
 """A TCP proxy of our own between the Stalwart processes and PostgreSQL, steered by the test.
 
 - ``cut()``: close every open connection at once, both sides (a failover, a NAT reset).
-- ``stall()`` / ``unstall()``: stop forwarding bytes, connections kept open (a hung link).
-- ``latency(seconds)``: hold every chunk that long before forwarding it (a slow network).
+- ``stall()`` / ``unstall()``: stop forwarding bytes, connections kept open (a hung link);
+  with ``requests_only``, what the server sends still arrives (answers already on their way).
+- ``latency(seconds)``: hold every chunk that long before forwarding it (a slow network);
+  with ``answers_only``, only what the server sends (a slow answer to a quick statement).
 - ``refuse()`` / ``accept()``: refuse new connections (nothing listens), then listen again.
 
 Threads and sockets only. Every thread is a daemon and every socket is closed by ``close()``.
@@ -39,9 +41,11 @@ class Proxy:
         self.upstream = (upstream_host, upstream_port)
         self._links: set[_Link] = set()
         self._lock = threading.Lock()
-        self._flowing = threading.Event()
-        self._flowing.set()
+        # Bytes flow while these are set: towards the server (requests), back (answers).
+        self._flowing = {False: threading.Event(), True: threading.Event()}
+        self.unstall()
         self._delay = 0.0
+        self._answers_only = False
         self._closed = threading.Event()
         self._listener: socket.socket | None = None
         self.port = 0
@@ -58,13 +62,17 @@ class Proxy:
             link.close()
         return len(links)
 
-    def stall(self) -> None:
-        self._flowing.clear()
+    def stall(self, *, requests_only: bool = False) -> None:
+        self._flowing[False].clear()
+        if not requests_only:
+            self._flowing[True].clear()
 
     def unstall(self) -> None:
-        self._flowing.set()
+        for flowing in self._flowing.values():
+            flowing.set()
 
-    def latency(self, seconds: float) -> None:
+    def latency(self, seconds: float, *, answers_only: bool = False) -> None:
+        self._answers_only = answers_only
         self._delay = seconds
 
     def refuse(self) -> None:
@@ -115,15 +123,18 @@ class Proxy:
             with self._lock:
                 self._links.add(link)
                 self.accepted += 1
-            for source, target in ((client, server), (server, client)):
+            for source, target, answers in ((client, server, False), (server, client, True)):
                 threading.Thread(
-                    target=self._pump, args=(link, source, target), daemon=True
+                    target=self._pump, args=(link, source, target, answers), daemon=True
                 ).start()
 
-    def _pump(self, link: _Link, source: socket.socket, target: socket.socket) -> None:
+    def _pump(
+        self, link: _Link, source: socket.socket, target: socket.socket, answers: bool
+    ) -> None:
+        flowing = self._flowing[answers]
         try:
             while not link.closed.is_set():
-                if not self._flowing.wait(0.05):
+                if not flowing.wait(0.05):
                     continue  # stalled: read nothing, forward nothing
                 readable, _, _ = select.select([source], [], [], 0.05)
                 if not readable:
@@ -131,10 +142,10 @@ class Proxy:
                 data = source.recv(65536)
                 if not data:
                     break
-                delay = self._delay
+                delay = self._delay if answers or not self._answers_only else 0.0
                 if delay:
                     time.sleep(delay)  # the injected latency
-                while not self._flowing.wait(0.05):
+                while not flowing.wait(0.05):
                     if link.closed.is_set():
                         return
                 target.sendall(data)

@@ -5,6 +5,7 @@ that fail, are noted as problems; ``conclude()`` then checks the ledger invarian
 the report row and fails the test with every problem at once.
 """
 
+import os
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -79,9 +80,15 @@ class Scenario:
         return bool(ok)
 
     def stop(
-        self, child: Child, signum: int = signal.SIGTERM, *, timeout: float = 30, status: int = 0
+        self,
+        child: Child,
+        signum: int = signal.SIGTERM,
+        *,
+        timeout: float = 30,
+        status: int | None = 0,
     ) -> int | None:
-        """Stop ``child`` with ``signum``; note a problem unless it exits ``status`` in time."""
+        """Stop ``child`` with ``signum``; note a problem unless it exits in time, with
+        ``status`` (None: any status)."""
         child.signal(signum)
         try:
             code = child.wait(timeout=timeout)
@@ -89,7 +96,7 @@ class Scenario:
             self.problems.append(f"{' '.join(child.args)} did not exit within {timeout:g} s")
             return None
         self.expect(
-            code == status,
+            status is None or code == status,
             f"{' '.join(child.args)} exited {code} after {signal.Signals(signum).name}, "
             f"expected {status}",
         )
@@ -120,6 +127,8 @@ class Scenario:
         self.concluded = True
         problems = self.problems + counts.problems
         self.record("PASS" if not problems else "FAIL")
+        if os.environ.get("STALWART_FAULTS_SHOW"):  # the processes' output, even on success
+            print(self.output_tail())  # noqa: T201 - asked for
         if problems:
             raise AssertionError(
                 f"{len(problems)} broken promise(s) in scenario {self.name}:\n- "

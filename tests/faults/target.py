@@ -95,7 +95,7 @@ class Target:
             }
         else:
             db = {"STALWART_TEST_DATABASE": "sqlite"}
-        return base_env(**db, STALWART_DB_NAME=self.name, **extra)
+        return base_env(**{**db, "STALWART_DB_NAME": self.name, **extra})
 
     # -- the test's side ----------------------------------------------------------------------
 

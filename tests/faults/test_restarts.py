@@ -30,7 +30,7 @@ def test_postgresql_restart_mid_drain(pg, cluster, mode):
     ended = time.monotonic()
 
     pg.recover(all_finished(ids), since=ended, bound=15, what="every job to finish")
-    watch_tree(pg, supervisor, before=tree)
+    watch_tree(pg, supervisor, before=tree, since=ended)
     pg.stop(supervisor)
     pg.conclude(successful(ids))
 

@@ -1,13 +1,20 @@
 """What the scenarios enqueue and watch: ledger jobs, and the state of a process tree."""
 
+import json
 import time
 
 from stalwart import Call
+from stalwart.models import RecurringRun
 from tests.faults.invariants import finished
 from tests.faults.scenario import Scenario
-from tests.faults.target import ALIVE
+from tests.faults.target import ALIAS, ALIVE
 from tests.helpers import Child
 from tests.testapp import tasks
+
+
+def recurring_runs() -> int:
+    """How many recurring ticks have been enqueued."""
+    return RecurringRun.objects.using(ALIAS).count()
 
 
 def ledger_jobs(scenario: Scenario, count: int, seconds: float) -> list[str]:
@@ -27,6 +34,11 @@ def some_ended(scenario: Scenario, count: int):
     return lambda: ledger.ended_count() >= count
 
 
+EVERY_SECOND = json.dumps(
+    {"every-second": {"task": "tests.testapp.tasks.noop", "schedule": "* * * * * *"}}
+)
+
+
 def successful(ids: list[str]) -> dict[str, str]:
     return dict.fromkeys(ids, "successful")
 
@@ -35,13 +47,12 @@ def successful(ids: list[str]) -> dict[str, str]:
 WATCH = 2 * ALIVE
 
 
-def watch_tree(
-    scenario: Scenario, supervisor: Child, *, before: set[int], seconds: float = WATCH
-) -> None:
-    """Keep watching for ``seconds`` that the supervisor lives and keeps the children it had
-    ``before`` the fault: a healthy tree is never stopped by a fault of the database."""
+def watch_tree(scenario: Scenario, supervisor: Child, *, before: set[int], since: float) -> None:
+    """Until ``since + WATCH`` (monotonic), keep checking that the supervisor lives and keeps
+    the children it had ``before`` the fault: a fault of the database never stops a healthy
+    tree, not even a threshold later."""
     assert scenario.fleet is not None
-    deadline = time.monotonic() + seconds
+    deadline = since + WATCH
     while time.monotonic() < deadline:
         if supervisor.process.poll() is not None:
             scenario.problems.append(

@@ -215,7 +215,10 @@ def _ledgered(context: TaskContext, seconds: float) -> int:
 
     job, attempt = context.task_result.id, context.attempt
     book.append("start", job, attempt, book.now())
-    time.sleep(seconds)
+    deadline = book.now() + seconds
+    while (left := deadline - book.now()) > 0:
+        time.sleep(min(left, book.TICK))
+        book.append("tick", job, attempt, book.now())  # still running: when a kill came
     book.append("end", job, attempt, book.now())
     return os.getpid()
 
