@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 APP_ROLE = "stalwart_app"
 SERVER_SETTINGS = """
@@ -161,10 +162,10 @@ class PrivateCluster:
             connect_timeout=5,
         )  # fmt: skip
 
-    def execute(self, sql: str, params: Any = None, dbname: str = "postgres") -> list[tuple]:
+    def execute(self, statement: Any, params: Any = None, dbname: str = "postgres") -> list[tuple]:
         """Run one statement as the superuser, in autocommit; return its rows, if any."""
         with self.connect(dbname) as connection, connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(statement, params)
             return cursor.fetchall() if cursor.description else []
 
     @contextlib.contextmanager
@@ -200,7 +201,11 @@ class PrivateCluster:
             if value is None:
                 self.execute(f"ALTER ROLE {APP_ROLE} RESET {name}")
             else:
-                self.execute(f"ALTER ROLE {APP_ROLE} SET {name} = %s", [str(value)])
+                self.execute(
+                    sql.SQL("ALTER ROLE {} SET {} = {}").format(
+                        sql.Identifier(APP_ROLE), sql.Identifier(name), sql.Literal(str(value))
+                    )
+                )
 
     def connection_limit(self, limit: int) -> None:
         self.execute(f"ALTER ROLE {APP_ROLE} CONNECTION LIMIT {int(limit)}")

@@ -5,6 +5,7 @@ ends, whatever happens). Waits are bounded polls of the process table. ``skew`` 
 child under ``libfaketime`` with its wall clock off by that much, its monotonic clock true.
 """
 
+import os
 import signal
 from collections import defaultdict
 from pathlib import Path
@@ -31,7 +32,11 @@ def faketime_library() -> str | None:
     return None
 
 
-def skew_env(offset: str) -> dict[str, str]:
+# Its sitecustomize keeps time.sleep working under libfaketime (see the module).
+SKEW_SITE = Path(__file__).parent / "skew"
+
+
+def skew_env(offset: str, pythonpath: str) -> dict[str, str]:
     """Environment that runs a process with its wall clock ``offset`` (e.g. ``+30s``) off."""
     library = faketime_library()
     if library is None:
@@ -40,6 +45,7 @@ def skew_env(offset: str) -> dict[str, str]:
         "LD_PRELOAD": library,
         "FAKETIME": offset,
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "PYTHONPATH": os.pathsep.join([str(SKEW_SITE), pythonpath]),
     }
 
 
@@ -67,7 +73,7 @@ class Fleet:
     def env(self, skew: str | None = None, **extra: str) -> dict[str, str]:
         env = self.target.env(STALWART_LEDGER=str(self.ledger), **extra)
         if skew is not None:
-            env.update(skew_env(skew))
+            env.update(skew_env(skew, env["PYTHONPATH"]))
         return env
 
     def start(self, *args: str, skew: str | None = None, **extra: str) -> Child:

@@ -17,6 +17,7 @@ from tests.faults.target import ALIVE
 from tests.faults.workload import (
     all_finished,
     ledger_jobs,
+    running,
     some_ended,
     successful,
     watch_tree,
@@ -39,13 +40,6 @@ def settled(scenario, supervisor):
         return len(pids) > 1 and not young.exists()
 
     return check
-
-
-def running(ids: list[str], count: int):
-    from stalwart.models import Job
-    from tests.faults.target import ALIAS
-
-    return lambda: Job.objects.using(ALIAS).filter(pk__in=ids, status="running").count() >= count
 
 
 def test_proxy_cuts_every_connection_mid_drain(proxied):

@@ -4,7 +4,7 @@ import json
 import time
 
 from stalwart import Call
-from stalwart.models import RecurringRun
+from stalwart.models import Job, Process, RecurringRun
 from tests.faults.invariants import finished
 from tests.faults.scenario import Scenario
 from tests.faults.target import ALIAS, ALIVE
@@ -27,6 +27,17 @@ def all_finished(ids: list[str]):
     return lambda: finished(ids) == len(ids)
 
 
+def running(ids: list[str], count: int):
+    """True once ``count`` of these jobs are running."""
+    return lambda: Job.objects.using(ALIAS).filter(pk__in=ids, status="running").count() >= count
+
+
+def owner_pid(job_id: str) -> int | None:
+    """The pid of the process that holds this job now, if any."""
+    owner = Job.objects.using(ALIAS).filter(pk=job_id).values_list("owner", flat=True).first()
+    return Process.objects.using(ALIAS).filter(pk=owner).values_list("pid", flat=True).first()
+
+
 def some_ended(scenario: Scenario, count: int):
     """True once ``count`` executions have ended (the drain is under way)."""
     assert scenario.ledger is not None
@@ -47,10 +58,12 @@ def successful(ids: list[str]) -> dict[str, str]:
 WATCH = 2 * ALIVE
 
 
-def watch_tree(scenario: Scenario, supervisor: Child, *, before: set[int], since: float) -> None:
+def watch_tree(
+    scenario: Scenario, supervisor: Child, *, before: set[int] | None, since: float
+) -> None:
     """Until ``since + WATCH`` (monotonic), keep checking that the supervisor lives and keeps
-    the children it had ``before`` the fault: a fault of the database never stops a healthy
-    tree, not even a threshold later."""
+    the children it had ``before`` the fault (None: children may have been replaced): a
+    fault of the database never stops a healthy tree, not even a threshold later."""
     assert scenario.fleet is not None
     deadline = since + WATCH
     while time.monotonic() < deadline:
@@ -60,6 +73,8 @@ def watch_tree(scenario: Scenario, supervisor: Child, *, before: set[int], since
             )
             return
         time.sleep(0.2)  # sampling the tree for a stated time, not synchronising
+    if before is None:
+        return
     after = scenario.fleet.os_children(supervisor)
     scenario.expect(
         before == after,

@@ -238,11 +238,12 @@ def ledger_fails_once(context: TaskContext) -> int:
     return pid
 
 
-@task
-def ledger_enqueue_at(at: str, count: int) -> list[str]:
+@task(takes_context=True)
+def ledger_enqueue_at(context: TaskContext, at: str, count: int) -> list[str]:
     """Enqueue ``count`` ledger jobs to run after ``at`` (ISO time), from this process."""
     from datetime import datetime
 
+    _ledgered(context, 0.0)
     later = ledger.using(run_after=datetime.fromisoformat(at))
     return [later.enqueue().id for _ in range(count)]
 
