@@ -21,6 +21,9 @@ from tests.faults.target import Target
 from tests.helpers import Child
 
 OUTPUT_LINES = 60  # of each process, in a failure message
+# The soak (scripts/soak) drains STALWART_FAULTS_SCALE times more jobs, in as many times the
+# time.
+SCALE = max(int(os.environ.get("STALWART_FAULTS_SCALE", "1")), 1)
 
 
 class Scenario:
@@ -67,7 +70,8 @@ class Scenario:
         self, condition: Callable[[], Any], *, since: float, bound: float, what: str
     ) -> bool:
         """Wait for ``condition``; the time from ``since`` (monotonic) is the recovery time,
-        and must stay within ``bound`` seconds."""
+        and must stay within ``bound`` seconds (times the soak's scale: more jobs)."""
+        bound *= SCALE
         self.bound = bound
         remaining = max(bound - (time.monotonic() - since), 0.1)
         ok = self.wait(condition, timeout=remaining, what=f"{what} (bound {bound:g} s)")

@@ -61,7 +61,7 @@ def test_a_raising_task_finished_receiver(any_db):
 def test_a_poison_job_beside_three_innocent_ones(any_db):
     scenario = any_db
     poison = scenario.target.enqueue(tasks.exit_at_once).id
-    innocent = ledger_jobs(scenario, 3, 1.0)
+    innocent = ledger_jobs(scenario, 3, 1.0, scaled=False)
     # Enqueued first, claimed together: one worker, four threads.
     supervisor = scenario.fleet.supervise("--processes", "1", "--threads", "4", children=3)
     started = time.monotonic()
@@ -106,7 +106,7 @@ def test_a_tasks_child_process_dies_with_its_worker(any_db, ending):
 
 def test_an_application_transaction_holds_a_row_the_worker_must_write(pg, cluster):
     supervisor = pg.fleet.supervise("--processes", "1", "--threads", "4", children=3)
-    victim = ledger_jobs(pg, 1, 1.0)
+    victim = ledger_jobs(pg, 1, 1.0, scaled=False)
     pg.wait(running(victim, 1), timeout=15, what="the victim job to run")
     with cluster.session(pg.target.name) as session, session.transaction():
         # The application locks the victim's row: the worker's finish must wait for it.
@@ -114,7 +114,7 @@ def test_an_application_transaction_holds_a_row_the_worker_must_write(pg, cluste
         held = time.monotonic()
         # Its body ends: the worker's main loop now writes the outcome, and waits on the lock.
         pg.wait(lambda: pg.ledger.ended_count() == 1, timeout=10, what="the victim to end")
-        ids = ledger_jobs(pg, 4, 0.2)
+        ids = ledger_jobs(pg, 4, 0.2, scaled=False)
         pg.recover(
             all_finished(ids),
             since=held,

@@ -91,7 +91,7 @@ def test_proxy_stalls_past_the_alive_threshold(proxied):
 
 def test_latency_on_every_packet_runs_nothing_twice(proxied):
     slow = proxied.fleet.supervise("--processes", "2", "--threads", "2", children=4)
-    ids = ledger_jobs(proxied, 4, 6.0)
+    ids = ledger_jobs(proxied, 4, 6.0, scaled=False)
     proxied.wait(running(ids, 4), timeout=20, what="the slow tree to run the 4 jobs")
     # A second supervisor on a direct link, with idle threads: it prunes and claims.
     pruner = proxied.fleet.supervise(
@@ -116,7 +116,7 @@ def test_slow_heartbeat_answers_never_let_a_pruner_take_a_live_workers_job(proxi
     ran. Answers come 2 s late; then requests stall (the last answer still arrives): the
     worker must stop before it can be pruned, never run its job beside the new attempt."""
     slow = proxied.fleet.supervise("--processes", "2", "--threads", "2", children=4)
-    ids = ledger_jobs(proxied, 4, 12.0)
+    ids = ledger_jobs(proxied, 4, 12.0, scaled=False)
     proxied.wait(running(ids, 4), timeout=20, what="the slow tree to run the 4 jobs")
     pruner = proxied.fleet.supervise(
         "--processes", "1", "--threads", "4", children=3, PGPORT=str(proxied.target.cluster.port)

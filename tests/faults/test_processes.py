@@ -49,7 +49,7 @@ def test_sigkill_of_a_worker_mid_job(any_db):
 def test_sigstop_of_a_worker_past_the_threshold_then_sigcont(any_db):
     scenario = any_db
     supervisor = scenario.fleet.supervise("--processes", "2", "--threads", "1", children=4)
-    ids = ledger_jobs(scenario, 2, 4.0)
+    ids = ledger_jobs(scenario, 2, 4.0, scaled=False)
     scenario.wait(running(ids, 2), timeout=15, what="both jobs to run")
     paused = owner_pid(ids[0])
     scenario.expect(paused is not None, "the first job has no live owner")
@@ -80,7 +80,7 @@ def test_sigstop_of_a_worker_past_the_threshold_then_sigcont(any_db):
 def test_quit_releases_running_jobs_at_once(any_db):
     scenario = any_db
     supervisor = scenario.fleet.supervise("--processes", "1", "--threads", "2", children=3)
-    ids = ledger_jobs(scenario, 2, 30.0)
+    ids = ledger_jobs(scenario, 2, 30.0, scaled=False)
     scenario.wait(running(ids, 2), timeout=15, what="both jobs to run")
     quit_at = time.monotonic()
     scenario.stop(supervisor, signal.SIGQUIT, timeout=10)
@@ -103,7 +103,7 @@ def test_quit_releases_running_jobs_at_once(any_db):
 def test_a_storm_of_terms_is_one_graceful_stop(any_db):
     scenario = any_db
     supervisor = scenario.fleet.supervise("--processes", "2", "--threads", "2", children=4)
-    ids = ledger_jobs(scenario, 4, 1.5)
+    ids = ledger_jobs(scenario, 4, 1.5, scaled=False)
     scenario.wait(running(ids, 4), timeout=15, what="4 jobs to run")
     family = scenario.fleet.os_children(supervisor)
     for _ in range(20):

@@ -6,7 +6,7 @@ import time
 from stalwart import Call
 from stalwart.models import Job, Process, RecurringRun
 from tests.faults.invariants import finished
-from tests.faults.scenario import Scenario
+from tests.faults.scenario import SCALE, Scenario
 from tests.faults.target import ALIAS, ALIVE
 from tests.helpers import Child
 from tests.testapp import tasks
@@ -17,10 +17,13 @@ def recurring_runs() -> int:
     return RecurringRun.objects.using(ALIAS).count()
 
 
-def ledger_jobs(scenario: Scenario, count: int, seconds: float) -> list[str]:
-    """Enqueue ``count`` ledger jobs of ``seconds`` each; return their ids."""
+def ledger_jobs(
+    scenario: Scenario, count: int, seconds: float, *, scaled: bool = True
+) -> list[str]:
+    """Enqueue ``count`` ledger jobs of ``seconds`` each (times ``SCALE`` if ``scaled``)."""
     assert scenario.target is not None
-    return scenario.target.enqueue_many(tasks.ledger, [Call(seconds=seconds)] * count)
+    total = count * SCALE if scaled else count
+    return scenario.target.enqueue_many(tasks.ledger, [Call(seconds=seconds)] * total)
 
 
 def all_finished(ids: list[str]):
