@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import report
+from tests.faults import report as faults_report
 from tests.faults.cluster import ClusterUnavailable, PrivateCluster, prepare
 from tests.faults.fleet import faketime_library
 from tests.faults.proxy import Proxy
@@ -43,13 +43,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return rep
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":  # by then the row is in, whatever happened
+        faults_report.collect(report.user_properties)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    if not report.ROWS:
-        return
-    text = report.write(report.ROWS)
+    if hasattr(terminalreporter.config, "workerinput") or not faults_report.ROWS:
+        return  # a pytest-xdist worker: the controller reports
+    text = faults_report.write(faults_report.ROWS)
     terminalreporter.section("fault suite")
     terminalreporter.write_line(text)
-    terminalreporter.write_line(f"(also written to {report.REPORT_FILE})")
+    terminalreporter.write_line(f"(also written to {faults_report.REPORT_FILE})")
 
 
 @pytest.fixture(autouse=True)
@@ -97,17 +102,15 @@ def sqlite_databases(workdir: Path) -> Databases:
 @pytest.fixture
 def scenario(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Scenario]:
     name = request.node.name.removeprefix("test_")
-    current = Scenario(name, workdir)
+    current = Scenario(name, workdir, request.node.user_properties)
     try:
         yield current
     finally:
         current.close()
         if not current.concluded:
-            call = getattr(request.node, "rep_call", None)
-            if call is not None and call.skipped:
-                current.record("SKIP")
-            elif call is None or call.failed:
-                current.record("ERROR")
+            phases = [getattr(request.node, f"rep_{when}", None) for when in ("setup", "call")]
+            skipped = any(phase is not None and phase.skipped for phase in phases)
+            current.record("SKIP" if skipped else "ERROR")
 
 
 @pytest.fixture

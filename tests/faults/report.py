@@ -1,6 +1,10 @@
-"""The fault suite's report: one row per scenario, printed at the end and written to a file."""
+"""The fault suite's report: one row per scenario, printed at the end and written to a file.
 
-from dataclasses import dataclass
+A scenario puts its row in its test's ``user_properties``, which travel with the test's
+report (from pytest-xdist workers too); the run collects them into ``ROWS``.
+"""
+
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tests.helpers import ROOT
@@ -38,6 +42,17 @@ class Row:
 
 
 ROWS: list[Row] = []
+PROPERTY = "stalwart_fault_row"
+
+
+def as_property(row: Row) -> tuple[str, dict]:
+    return (PROPERTY, asdict(row))
+
+
+def collect(properties: list[tuple[str, object]]) -> None:
+    for name, value in properties:
+        if name == PROPERTY and isinstance(value, dict):
+            ROWS.append(Row(**value))
 
 
 def table(rows: list[Row]) -> str:

@@ -27,8 +27,9 @@ SCALE = max(int(os.environ.get("STALWART_FAULTS_SCALE", "1")), 1)
 
 
 class Scenario:
-    def __init__(self, name: str, workdir: Path) -> None:
+    def __init__(self, name: str, workdir: Path, rows: list) -> None:
         self.name = name
+        self.rows = rows  # where the report row goes (the test's user_properties)
         self.workdir = workdir
         self.target: Target | None = None
         self.fleet: Fleet | None = None
@@ -143,16 +144,18 @@ class Scenario:
 
     def record(self, result: str) -> None:
         counts = self.counts
-        report.ROWS.append(
-            report.Row(
-                scenario=self.name,
-                lost=counts.lost if counts else None,
-                duplicated=counts.duplicated if counts else None,
-                overlapping=counts.overlapping if counts else None,
-                stuck=counts.stuck if counts else None,
-                recovery=self.recovery,
-                bound=self.bound,
-                result=result,
+        self.rows.append(
+            report.as_property(
+                report.Row(
+                    scenario=self.name,
+                    lost=counts.lost if counts else None,
+                    duplicated=counts.duplicated if counts else None,
+                    overlapping=counts.overlapping if counts else None,
+                    stuck=counts.stuck if counts else None,
+                    recovery=self.recovery,
+                    bound=self.bound,
+                    result=result,
+                )
             )
         )
 

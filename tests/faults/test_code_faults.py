@@ -63,8 +63,8 @@ def test_a_poison_job_beside_three_innocent_ones(any_db):
     poison = scenario.target.enqueue(tasks.exit_at_once).id
     innocent = ledger_jobs(scenario, 3, 1.0, scaled=False)
     # Enqueued first, claimed together: one worker, four threads.
-    supervisor = scenario.fleet.supervise("--processes", "1", "--threads", "4", children=3)
     started = time.monotonic()
+    supervisor = scenario.fleet.supervise("--processes", "1", "--threads", "4", children=3)
     scenario.recover(
         all_finished([poison, *innocent]), since=started, bound=25, what="all four to end"
     )
