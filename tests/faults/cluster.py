@@ -10,6 +10,7 @@ a fault, and ``stalwart_app`` for the Stalwart processes, on which the role-leve
 (timeouts, connection limits, read-only) are set.
 """
 
+import atexit
 import contextlib
 import os
 import pwd
@@ -82,6 +83,7 @@ class PrivateCluster:
         self.port = free_port()
         self.host = "127.0.0.1"
         self.mounts: list[Path] = []
+        atexit.register(self.destroy)  # should the session's own teardown never run
         # PostgreSQL will not run as root: as root, run it as the postgres user.
         self.user = "postgres" if os.geteuid() == 0 else None
         if self.user is not None:
@@ -146,7 +148,10 @@ class PrivateCluster:
         return (self.data / "postmaster.pid").exists()
 
     def destroy(self) -> None:
-        """Stop the server at once and delete everything, tmpfs mounts included."""
+        """Stop the server at once and delete everything, tmpfs mounts included (twice is
+        harmless)."""
+        if not self.root.exists():
+            return
         with contextlib.suppress(Exception):
             if self.running():
                 self.stop("immediate")

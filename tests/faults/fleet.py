@@ -5,6 +5,7 @@ ends, whatever happens). Waits are bounded polls of the process table. ``skew`` 
 child under ``libfaketime`` with its wall clock off by that much, its monotonic clock true.
 """
 
+import atexit
 import os
 import signal
 from collections import defaultdict
@@ -69,6 +70,7 @@ class Fleet:
         self.target = target
         self.ledger = ledger
         self.children: list[Child] = []
+        atexit.register(self.close)  # should the scenario's own teardown never run
 
     def env(self, skew: str | None = None, **extra: str) -> dict[str, str]:
         env = self.target.env(STALWART_LEDGER=str(self.ledger), **extra)
@@ -146,6 +148,7 @@ class Fleet:
     def close(self) -> None:
         for child in self.children:
             child.__exit__()
+        atexit.unregister(self.close)
 
 
 def alive(pid: int) -> bool:

@@ -1,6 +1,7 @@
 """The link to PostgreSQL misbehaves: our proxy cuts it, stalls it, or slows it down.
 
-- A cut closes every connection at once: each role reconnects, nothing is lost or run twice.
+- A cut closes every connection at once: each role reconnects, nothing is lost or run twice;
+  the same when new connections are refused for a while after the cut.
 - A stall longer than the alive threshold: the stalled processes must stop themselves before
   anyone may take their jobs, their late results must be discarded, and their supervisor,
   blocked in a query, must still reap its children (issue 9, item 17: a client-side deadline).
@@ -51,6 +52,25 @@ def test_proxy_cuts_every_connection_mid_drain(proxied):
     cut = proxied.proxy.cut()
     ended = time.monotonic()
     proxied.expect(cut >= 5, f"only {cut} connections were cut")
+
+    proxied.recover(all_finished(ids), since=ended, bound=10, what="every job to finish")
+    watch_tree(proxied, supervisor, before=tree, since=ended)
+    proxied.stop(supervisor)
+    proxied.conclude(successful(ids))
+
+
+def test_proxy_refuses_new_connections_after_a_cut(proxied):
+    """Every connection cut, and new ones refused for 2 s (shorter than the threshold)."""
+    supervisor = proxied.fleet.supervise("--processes", "2", "--threads", "2", children=4)
+    tree = proxied.fleet.os_children(supervisor)
+    ids = ledger_jobs(proxied, 40, 0.25)
+    proxied.wait(some_ended(proxied, 8), timeout=20, what="the drain to be under way")
+
+    proxied.proxy.refuse()
+    proxied.proxy.cut()
+    time.sleep(2)  # refusing connections for a while
+    proxied.proxy.accept()
+    ended = time.monotonic()
 
     proxied.recover(all_finished(ids), since=ended, bound=10, what="every job to finish")
     watch_tree(proxied, supervisor, before=tree, since=ended)
