@@ -51,7 +51,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     if hasattr(terminalreporter.config, "workerinput") or not faults_report.ROWS:
         return  # a pytest-xdist worker: the controller reports
-    text = faults_report.write(faults_report.ROWS)
+    text = faults_report.write(sorted(faults_report.ROWS, key=lambda row: row.scenario))
     terminalreporter.section("fault suite")
     terminalreporter.write_line(text)
     terminalreporter.write_line(f"(also written to {faults_report.REPORT_FILE})")

@@ -117,8 +117,10 @@ def test_a_storm_of_terms_is_one_graceful_stop(any_db):
     except AssertionError:
         code = None
     scenario.expect(code == 0, f"the supervisor exited {code} after a TERM storm, expected 0")
+    scenario.recovery, scenario.bound = time.monotonic() - started, SHUTDOWN_TIMEOUT + 5
     scenario.expect(
-        time.monotonic() - started < SHUTDOWN_TIMEOUT + 5,
-        "the graceful stop took longer than the shutdown timeout",
+        scenario.recovery < scenario.bound,
+        f"the graceful stop took {scenario.recovery:.1f} s, over the shutdown timeout and then "
+        "some",
     )
     scenario.conclude(successful(ids))
