@@ -7,7 +7,6 @@ child under ``libfaketime`` with its wall clock off by that much, its monotonic 
 
 import atexit
 import os
-import signal
 from collections import defaultdict
 from pathlib import Path
 
@@ -134,10 +133,6 @@ class Fleet:
             }
         except psutil.NoSuchProcess:
             return set()
-
-    def stop(self, child: Child, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
-        child.signal(signum)
-        return child.wait(timeout=timeout)
 
     def outputs(self) -> str:
         return "\n".join(

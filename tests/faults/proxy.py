@@ -86,10 +86,6 @@ class Proxy:
         if self._listener is None:
             self._listen(self.port)
 
-    def open_links(self) -> int:
-        with self._lock:
-            return len(self._links)
-
     def close(self) -> None:
         self._closed.set()
         self.refuse()

@@ -150,11 +150,6 @@ class Target:
 
         return database_now(ALIAS)
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        with connections[ALIAS].cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
-
 
 class Databases:
     """Makes a fresh database per scenario, from a template migrated once per session."""

@@ -14,8 +14,9 @@ import time
 
 import psutil
 
+from stalwart.models import Job
 from tests.faults.fleet import alive
-from tests.faults.target import ALIVE, SHUTDOWN_TIMEOUT
+from tests.faults.target import ALIAS, ALIVE, SHUTDOWN_TIMEOUT
 from tests.faults.workload import (
     all_finished,
     ledger_jobs,
@@ -87,9 +88,6 @@ def test_quit_releases_running_jobs_at_once(any_db):
     scenario.expect(
         time.monotonic() - quit_at < 5, "QUIT took more than 5 s: it must not wait for jobs"
     )
-    from stalwart.models import Job
-    from tests.faults.target import ALIAS
-
     states = sorted(Job.objects.using(ALIAS).filter(pk__in=ids).values_list("status", flat=True))
     scenario.expect(states == ["ready", "ready"], f"after QUIT the jobs are {states}, not ready")
     # Make the released jobs short, and let a new supervisor run them.
