@@ -108,7 +108,7 @@ def test_a_worker_whose_heartbeat_answers_late_is_gone_before_its_job_is_taken(
         "--threads",
         "1",
         children=4,
-        STALWART_TEST_SLOW_HEARTBEAT=f"{flag}:{ALIVE * 0.6}",
+        STALWART_FAULT_LATE_HEARTBEAT=f"{flag}:{ALIVE * 0.6}",
     )
     reaped.append(supervisor)
     result = tasks.record.enqueue(label="late", sleep=ALIVE * 4)
@@ -129,14 +129,14 @@ def test_a_worker_whose_heartbeat_answers_late_is_gone_before_its_job_is_taken(
 
 def test_a_worker_whose_main_loop_is_stuck_ends_and_is_replaced(reaped, tmp_path):
     flag = tmp_path / "blocked"
-    flag.touch()
     supervisor = start_supervisor(
-        "--processes", "1", "--threads", "1", children=3, STALWART_TEST_BLOCKING_LOG=str(flag)
+        "--processes", "1", "--threads", "1", children=3, STALWART_FAULT_BLOCKING_LOG=str(flag)
     )
     reaped.append(supervisor)
+    stuck = next(pid for name, pid in children_of(supervisor).items() if "worker" in name)
+    flag.write_text(str(stuck))
     first = tasks.add.enqueue(1, 1)
     wait_for(lambda: Job.objects.get(pk=first.id).status == "successful", message="the job")
-    stuck = next(pid for name, pid in children_of(supervisor).items() if "worker" in name)
     # Logging its success blocks its main loop: no heartbeat vouches for it any more.
     wait_for(lambda: gone(stuck), timeout=4 * ALIVE, message="the stuck worker to end")
     flag.unlink()
@@ -157,7 +157,7 @@ def test_a_worker_whose_main_loop_is_stuck_ends_and_is_replaced(reaped, tmp_path
 def test_a_poison_job_fails_alone_and_its_batch_mates_succeed(reaped):
     supervisor = start_supervisor("--processes", "1", "--threads", "4", children=3)
     reaped.append(supervisor)
-    poison = tasks.exit_hard.enqueue(3)
+    poison = tasks.exit_at_once.enqueue()
     Job.objects.filter(pk=poison.id).update(max_attempts=3)
     innocent = enqueue_many(tasks.record, [Call(label="innocent", sleep=1) for _ in range(3)])
     wait_for(

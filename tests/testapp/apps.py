@@ -7,6 +7,8 @@ class TestAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tests.testapp import faults
+        # Faults a test switches on in the processes it starts (a raising receiver, a log
+        # handler that blocks, late heartbeat answers): off unless their variables are set.
+        from tests.faults import hooks
 
-        faults.install()
+        hooks.install()

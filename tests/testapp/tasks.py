@@ -212,12 +212,6 @@ def broken_backoff() -> None:
 # -- tasks that misbehave the way production code does -----------------------------------------
 
 
-@task
-def exit_hard(code: int = 3) -> None:
-    """A poison job: it ends its process on the spot, skipping every clean-up."""
-    os._exit(code)
-
-
 @task(takes_context=True)
 def start_grandchild(context: TaskContext, pidfile: str, then: str = "return") -> None:
     """Starts a long-lived subprocess, records its pid, then returns, dies, or sleeps."""
@@ -257,3 +251,62 @@ def unique_fails_once(context: TaskContext, day: str) -> str:
         GATE.wait(30)
         raise ConnectionError("first attempt fails")
     return day
+
+
+# -- the fault suite's tasks (tests/faults): each execution recorded in its ledger -------------
+
+
+def _ledgered(context: TaskContext, seconds: float) -> int:
+    from tests.faults import ledger as book
+
+    job, attempt = context.task_result.id, context.attempt
+    book.append("start", job, attempt, book.now())
+    deadline = book.now() + seconds
+    while (left := deadline - book.now()) > 0:
+        time.sleep(min(left, book.TICK))
+        book.append("tick", job, attempt, book.now())  # still running: when a kill came
+    book.append("end", job, attempt, book.now())
+    return os.getpid()
+
+
+@task(takes_context=True)
+def ledger(context: TaskContext, seconds: float = 0.0) -> int:
+    """Runs ``seconds``, recorded in the ledger; returns its pid."""
+    return _ledgered(context, seconds)
+
+
+@stalwart.task(takes_context=True, max_attempts=3, backoff=stalwart.Fixed(4))
+def ledger_fails_once(context: TaskContext) -> int:
+    """Its first attempt fails (recorded like any other run); the retry comes 4 s later."""
+    pid = _ledgered(context, 0.0)
+    if context.attempt == 1:
+        raise ConnectionError("the first attempt fails")
+    return pid
+
+
+@task(takes_context=True)
+def ledger_enqueue_at(context: TaskContext, at: str, count: int) -> list[str]:
+    """Enqueue ``count`` ledger jobs to run after ``at`` (ISO time), from this process."""
+    from datetime import datetime
+
+    _ledgered(context, 0.0)
+    later = ledger.using(run_after=datetime.fromisoformat(at))
+    return [later.enqueue().id for _ in range(count)]
+
+
+@task
+def exit_at_once() -> None:
+    """A poison job: ends its process with ``os._exit(3)``, no clean-up at all."""
+    os._exit(3)
+
+
+@task(takes_context=True)
+def spawn_sleeper(context: TaskContext, seconds: float = 60.0) -> None:
+    """Starts ``sleep 120`` (its pid recorded in the ledger), then runs ``seconds``."""
+    import subprocess
+
+    from tests.faults import ledger as book
+
+    sleeper = subprocess.Popen(["sleep", "120"])  # noqa: S607 - a test task
+    book.append("spawned", context.task_result.id, context.attempt, sleeper.pid)
+    _ledgered(context, seconds)

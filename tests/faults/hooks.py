@@ -1,0 +1,84 @@
+"""Hooks a test turns on in the Stalwart processes it starts, through environment variables.
+
+Each fault is real (a receiver that raises, a log handler that blocks, a heartbeat whose
+answer comes late and whose link then goes down); the variables only say where and when.
+
+- ``STALWART_FAULT_RAISING_RECEIVER=1``: a ``task_finished`` receiver that raises.
+- ``STALWART_FAULT_BLOCKING_LOG=<file>``: a handler on the ``stalwart`` logger that blocks
+  while ``<file>`` holds the pid of the process it runs in (a log pipe nobody reads).
+- ``STALWART_FAULT_LATE_HEARTBEAT=<file>:<seconds>``: in a process whose pid ``<file>``
+  holds, the next heartbeat's answer arrives ``<seconds>`` late, and then the heartbeat's
+  link goes down (its socket is cut, reconnections are refused): a slow network, then a
+  partition, on that host only.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+RAISING_RECEIVER = "STALWART_FAULT_RAISING_RECEIVER"
+BLOCKING_LOG = "STALWART_FAULT_BLOCKING_LOG"
+LATE_HEARTBEAT = "STALWART_FAULT_LATE_HEARTBEAT"
+
+
+def _named_in(flag: Path) -> bool:
+    try:
+        return flag.read_text().strip() == str(os.getpid())
+    except OSError:
+        return False
+
+
+def _raise(sender: object, **kwargs: object) -> None:
+    raise RuntimeError("a task_finished receiver failed")
+
+
+class BlockingHandler(logging.Handler):
+    def __init__(self, flag: Path) -> None:
+        super().__init__()
+        self.flag = flag
+
+    def emit(self, record: logging.LogRecord) -> None:
+        while _named_in(self.flag):
+            time.sleep(0.05)  # a blocked handler: waits until the scenario lets it go
+
+
+def _late_then_cut_off(spec: str) -> None:
+    from django.db.backends.signals import connection_created
+
+    path, _, seconds = spec.rpartition(":")
+    flag, delay = Path(path), float(seconds)
+    done: list[bool] = []
+
+    def late_answer(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)  # the database has stamped the beat...
+        if "stalwart_process" in sql and not done and _named_in(flag):
+            done.append(True)
+            time.sleep(delay)  # ...and its answer arrives late...
+            connection = context["connection"]
+            # ...after which this link is down: reconnecting is refused.
+            connection.settings_dict = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": 1}
+            with socket.socket(fileno=os.dup(connection.connection.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        return result
+
+    def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+        heartbeat = threading.current_thread().name == "stalwart-heartbeat"
+        if heartbeat and late_answer not in connection.execute_wrappers:
+            connection.execute_wrappers.append(late_answer)
+
+    connection_created.connect(on_connection, weak=False)
+
+
+def install() -> None:
+    if os.environ.get(RAISING_RECEIVER):
+        from django.tasks.signals import task_finished
+
+        task_finished.connect(_raise, dispatch_uid="stalwart-faults-raising-receiver")
+    if os.environ.get(BLOCKING_LOG):
+        logging.getLogger("stalwart").addHandler(BlockingHandler(Path(os.environ[BLOCKING_LOG])))
+    if spec := os.environ.get(LATE_HEARTBEAT):
+        _late_then_cut_off(spec)
