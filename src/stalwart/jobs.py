@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 
 from stalwart import events
-from stalwart.db import ClaimedJob, NewJob, Outcome, Released, statements_for
+from stalwart.db import ClaimedJob, Death, NewJob, Outcome, Released, statements_for
 from stalwart.db.errors import is_lock_wait, is_unique_conflict
 from stalwart.db.retry import retry_transient
 from stalwart.queues import QueuePattern, QueueSelector
@@ -274,7 +274,7 @@ class JobStore:
         return self._in_transaction("release", work, atomic=True)
 
     def release_owner(
-        self, *, owner: int, error_class: str, error_text: str, death: bool = True
+        self, *, owner: int, error_class: str, error_text: str, death: Death = Death.CRASH
     ) -> list[Released]:
         """Take back all jobs of a process that is gone (see ``Statements.release_owner``)."""
 

@@ -3,7 +3,7 @@
 import pytest
 
 from stalwart import Call, enqueue_many
-from stalwart.db import Outcome
+from stalwart.db import Death, Outcome
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
@@ -53,7 +53,7 @@ def test_a_death_alone_is_charged_to_that_job(store):
 def test_a_process_that_ended_on_its_own_gives_its_jobs_back_uncharged(store):
     enqueue_many(tasks.add, [Call(n, n) for n in range(2)])
     claim(store, 51)
-    store.release_owner(owner=51, error_class="x.Died", error_text="gone", death=False)
+    store.release_owner(owner=51, error_class="x.Died", error_text="gone", death=Death.NONE)
     rows = Job.objects.all()
     assert {(row.status, row.isolated, len(row.errors)) for row in rows} == {("ready", False, 0)}
 
@@ -78,6 +78,27 @@ def test_an_isolated_job_that_finishes_is_no_longer_isolated(store):
     (job,) = claim(store, 51)
     store.finish(owner=51, outcomes=[Outcome(id=job.id, attempt=1, status="successful")])
     assert Job.objects.get(pk=result.id).isolated is False
+
+
+def test_a_process_that_went_silent_has_each_of_its_jobs_charged(store):
+    enqueue_many(tasks.add, [Call(n, n) for n in range(2)])
+    claim(store, 51)
+    store.release_owner(owner=51, error_class="x.Silent", error_text="pruned", death=Death.SILENCE)
+    rows = Job.objects.all()
+    assert {(row.status, row.isolated, len(row.errors)) for row in rows} == {("ready", False, 1)}
+
+
+def test_a_job_charged_for_a_death_goes_behind_the_jobs_that_ran_beside_it(store):
+    poison, innocent = (tasks.add.enqueue(n, n) for n in (1, 2))
+    claim(store, 51)
+    store.release_owner(owner=51, error_class="x.Died", error_text="SIGKILL")
+    # Both isolated: the first in line runs alone, and kills its worker again.
+    (first,) = claim(store, 52)
+    assert str(first.id) == poison.id
+    store.release_owner(owner=52, error_class="x.Died", error_text="SIGKILL")
+    # Charged, it goes to the back: its batch-mate runs next.
+    (second,) = claim(store, 51)
+    assert str(second.id) == innocent.id
 
 
 def test_a_job_that_keeps_killing_its_process_alone_is_failed_at_its_cap(store):

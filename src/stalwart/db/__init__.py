@@ -4,10 +4,10 @@ import weakref
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from stalwart.db.base import ClaimedJob, NewJob, Outcome, Released, Statements
+from stalwart.db.base import ClaimedJob, Death, NewJob, Outcome, Released, Statements
 from stalwart.exceptions import ConfigurationError
 
-__all__ = ["ClaimedJob", "NewJob", "Outcome", "Released", "Statements", "statements_for"]
+__all__ = ["ClaimedJob", "Death", "NewJob", "Outcome", "Released", "Statements", "statements_for"]
 
 _statements: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -131,6 +132,23 @@ class Outcome:
     errors: str | None = None
     retry_in: float | None = None
     keep_owner: bool = False
+
+
+class Death(StrEnum):
+    """How the process whose jobs are taken back came to an end, which decides who pays.
+
+    A crash is charged to the job that crashed, and only to it."""
+
+    #: It ended on its own, jobs still running in its threads (a stop past its timeout, a
+    #: fence): nobody is charged, and nothing changes but the jobs' state.
+    NONE = "none"
+    #: It died (a signal, a crash, a task's ``os._exit``), and its supervisor saw it: a job
+    #: that ran alone is charged; jobs that ran together are not. Either way each is
+    #: isolated, to run alone next time, where a death can only be its own.
+    CRASH = "crash"
+    #: It went silent (pruned) or vanished (orphaned jobs): what ended it is unknown, and
+    #: likely not a job (a host lost, a link cut). Each job is charged once; none isolated.
+    SILENCE = "silence"
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,19 +372,18 @@ class Statements:
         error_class: str,
         error_text: str,
         notify: bool,
-        death: bool = True,
+        death: Death = Death.CRASH,
     ) -> list[Released]:
         """Take back every job a process that is gone held, and hand on the concurrency slots
         they gave up. Call inside a transaction.
 
-        A crash is charged to the job that crashed, and only to it. If the process ran one
-        job when it died (``death``), that job is charged: the death is recorded as an error
-        (``error_class``, ``error_text``), and if its failed attempts, this one included,
-        reach ``max_attempts`` it is failed. If it ran several, which one killed it is
-        unknown: none is charged, and each is ``isolated``, to run alone next time, where a
-        death can only be its own. A process that ended on its own with jobs still running
-        (not ``death``: a shutdown timeout, a fence) gives them back uncharged, as a graceful
-        release (``release``) does, so jobs given back at each deploy are never failed for it.
+        Who is charged depends on ``death`` (see ``Death``). A charged job gets the death as
+        an error (``error_class``, ``error_text``), and is failed if its failed attempts,
+        this one included, reach ``max_attempts``; otherwise it goes to the back of its
+        queue's line (``available_at`` now), so that a job which keeps killing workers does
+        not keep coming first. The others keep their place. A process that ended on its own
+        gives its jobs back uncharged, as a graceful release (``release``) does, so jobs
+        given back at each deploy are never failed for it.
         """
         released = self.release_owner_rows(
             cursor, owner=owner, error_class=error_class, error_text=error_text, death=death
@@ -375,7 +392,13 @@ class Statements:
         return released
 
     def release_owner_rows(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str, death: bool = True
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        error_class: str,
+        error_text: str,
+        death: Death = Death.CRASH,
     ) -> list[Released]:
         """``release_owner`` without the hand-on of slots, which must follow in the
         transaction (after the other owners', when several are taken back at once)."""

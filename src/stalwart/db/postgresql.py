@@ -21,6 +21,7 @@ from stalwart.db.base import (
     INSERT_CONSTANTS,
     NO_LIVE_OWNER,
     ClaimedJob,
+    Death,
     NewJob,
     Outcome,
     Released,
@@ -363,7 +364,13 @@ class PostgreSQLStatements(Statements):
         return [Released(*row) for row in cursor.fetchall()]
 
     def release_owner_rows(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str, death: bool = True
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        error_class: str,
+        error_text: str,
+        death: Death = Death.CRASH,
     ) -> list[Released]:
         waiting = self.status_after_release("job")
         cursor.execute(
@@ -374,13 +381,16 @@ class PostgreSQLStatements(Statements):
                 ORDER BY id
                 FOR UPDATE
             ),
-            -- A death is charged only to a job that was alone in its process.
-            charge AS MATERIALIZED (SELECT %s::boolean AND count(*) = 1 AS alone FROM held),
+            -- Charged: every job (a silence), or a job that was alone (a crash), or none.
+            charge AS MATERIALIZED (
+                SELECT %s::boolean OR (%s::boolean AND count(*) = 1) AS alone FROM held
+            ),
             released AS (
                 UPDATE stalwart_job AS job
                 SET status = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed'
                                   ELSE {waiting} END,
                     finished_at = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN now() END,
+                    available_at = CASE WHEN charge.alone THEN now() ELSE job.available_at END,
                     owner = NULL,
                     isolated = job.isolated OR %s::boolean,
                     {self.unique_key_leaving("job", _STATUS_AFTER_DEATH, _SIBLING_IN_HELD)},
@@ -399,7 +409,15 @@ class PostgreSQLStatements(Statements):
             SELECT id, status, queue_name, concurrency_key
             FROM released, (SELECT count(*) FROM wake) AS woken
             """,
-            [owner, death, death, error_class, error_text, owner],
+            [
+                owner,
+                death == Death.SILENCE,
+                death == Death.CRASH,
+                death == Death.CRASH,
+                error_class,
+                error_text,
+                owner,
+            ],
         )
         return [Released(*row) for row in cursor.fetchall()]
 

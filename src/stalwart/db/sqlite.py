@@ -19,6 +19,7 @@ from stalwart.db.base import (
     INSERT_COLUMNS,
     NO_LIVE_OWNER,
     ClaimedJob,
+    Death,
     Outcome,
     Released,
     Statements,
@@ -27,7 +28,7 @@ from stalwart.queues import QueuePattern
 
 _RETURNING = ", ".join(CLAIM_COLUMNS)
 _NO_SIBLING = "SELECT 1 WHERE 0"  # statements here move one job at a time
-# A death is charged to a job only if it was alone in its process (the first parameter).
+# Whether the death is charged to this job (the first parameter), and it is its last attempt.
 _CHARGED_AT_LAST_ATTEMPT = "(%s AND json_array_length(errors) + 1 >= max_attempts)"
 _STATUS_AFTER_DEATH = f"CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
 # The statements that move one job out of running, fenced on its owner (and attempt).
@@ -50,6 +51,7 @@ _RELEASE_DEAD_ONE = f"""
     SET status = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed'
                       ELSE {Statements.status_after_release("stalwart_job")} END,
         finished_at = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN %s END,
+        available_at = CASE WHEN %s THEN %s ELSE available_at END,
         owner = NULL,
         isolated = isolated OR %s,
         {Statements.unique_key_leaving("stalwart_job", _STATUS_AFTER_DEATH, _NO_SIBLING)},
@@ -162,7 +164,13 @@ class SQLiteStatements(Statements):
         return released
 
     def release_owner_rows(
-        self, cursor: Any, *, owner: int, error_class: str, error_text: str, death: bool = True
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        error_class: str,
+        error_text: str,
+        death: Death = Death.CRASH,
     ) -> list[Released]:
         # A write first (it takes the write lock and lists the jobs), then one statement per
         # job, so each sees the ones before it: twins released together never collide.
@@ -174,12 +182,26 @@ class SQLiteStatements(Statements):
         ids = sorted(row[0] for row in cursor.fetchall())
         error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
         now = self.now_param()
-        charged = death and len(ids) == 1  # a death is charged only to a job alone
+        # Charged: every job (a silence), or a job that was alone (a crash), or none.
+        charged = death == Death.SILENCE or (death == Death.CRASH and len(ids) == 1)
+        isolate = death == Death.CRASH  # a crash's suspects, the one charged too
         released = []
         for job_id in ids:
             cursor.execute(
                 _RELEASE_DEAD_ONE,
-                [charged, charged, now, death, charged, charged, error, job_id, owner],
+                [
+                    charged,
+                    charged,
+                    now,
+                    charged,
+                    now,
+                    isolate,
+                    charged,
+                    charged,
+                    error,
+                    job_id,
+                    owner,
+                ],
             )
             released.extend(self._released(cursor.fetchone()))
         return released

@@ -24,6 +24,7 @@ from django.db import connections
 from stalwart import events
 from stalwart.conf import Options
 from stalwart.db.session import bookkeeping
+from stalwart.processes import forking
 from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
 from stalwart.processes.heartbeat import Heartbeat
 from stalwart.processes.liveness import Liveness
@@ -86,6 +87,9 @@ class Role:
         """We may have been declared dead: stop at once, write nothing more of ours."""
         self.fenced_reason = reason
         self.exit_status = EXIT_FENCED
+        # Whatever becomes of this process now (its kernel deadline may end it before its
+        # loop can), its jobs were given up on purpose: its supervisor must not charge them.
+        forking.tell_parent(forking.FENCED)
         events.emit("process_fenced", process=self.name, reason=reason)
         self.request_stop(immediate=True)
 
@@ -98,9 +102,7 @@ class Role:
         if self.owns_process:
             # The heartbeat's hard deadline: SIGALRM's default action ends the process.
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        from stalwart.processes.forking import signals_before_start
-
-        for signum in signals_before_start():
+        for signum in forking.signals_before_start():
             self.request_stop(immediate=signum == signal.SIGQUIT)
 
     def _on_graceful_signal(self, signum: int, frame: Any) -> None:

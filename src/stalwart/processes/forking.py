@@ -6,9 +6,11 @@ wired to a TERM (``PR_SET_PDEATHSIG`` on Linux), the role runs, and the child en
 ``os._exit``: whatever happens, it never runs the parent's shutdown code.
 
 Each child leads its own process group, so that whatever its jobs start (and leave behind)
-can be ended with it (``end_group``). And each child tells its parent, through a pipe, whether
-it *ended on its own* (its role returned): only then may jobs it left running be given back
-uncharged. A child killed by a signal, or ended by a task's ``os._exit``, says nothing.
+can be ended with it (``end_group``). And each child tells its parent, through a pipe, when
+it gives up the jobs it still runs on purpose: when it fences itself (``tell_parent``), and
+when its role returns. Only then are they given back uncharged. A child that is killed
+before either (by a signal, by a task's ``os._exit``, by its heartbeat's deadline while a
+task holds the GIL) says nothing: it died, and the death is charged.
 """
 
 import contextlib
@@ -68,9 +70,19 @@ def _forget_inherited_connections() -> None:
             connection.connection = None
 
 
-_ENDED = b"E"  # what a child writes to its status pipe when its role returned
+ENDED = b"E"  # what a child writes to its status pipe when its role returned
+FENCED = b"F"  # ...and when it fences itself (what comes next is not its jobs' doing)
 # Read ends of the status pipes of our living children (closed in each new child).
 _status_pipes: set[int] = set()
+# In a child: the write end of its own status pipe.
+_to_parent: int | None = None
+
+
+def tell_parent(what: bytes) -> None:
+    """In a forked child: tell the supervisor ``what`` (``FENCED``); elsewhere nothing."""
+    if _to_parent is not None:
+        with contextlib.suppress(OSError):
+            os.write(_to_parent, what)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +92,10 @@ class Forked:
 
 
 def ended_on_its_own(forked: Forked) -> bool:
-    """After the child exited: whether its role returned (rather than it being killed, or
-    ended by a task). Closes the pipe."""
+    """After the child exited: whether it gave up its jobs on purpose (it fenced itself, or
+    its role returned) rather than died. Closes the pipe."""
     try:
-        return os.read(forked.status_pipe, 1) == _ENDED
+        return bool(os.read(forked.status_pipe, 16))
     except OSError:
         return False
     finally:
@@ -149,8 +161,10 @@ def fork_child(run: Callable[[], int]) -> Forked:
         with contextlib.suppress(OSError):  # the child does it too; whoever comes first
             os.setpgid(pid, pid)
         return Forked(pid, read_end)
+    global _to_parent  # noqa: PLW0603 - this process's own pipe, from here on
     status = EXIT_CRASHED
     ended = False
+    _to_parent = write_end
     try:
         os.close(read_end)
         for inherited in _status_pipes:  # our siblings' pipes are not ours to hold
@@ -180,8 +194,7 @@ def fork_child(run: Callable[[], int]) -> Forked:
     finally:
         try:
             if ended:
-                with contextlib.suppress(OSError):
-                    os.write(write_end, _ENDED)
+                tell_parent(ENDED)
             flush_logs()
         finally:
             os._exit(status)

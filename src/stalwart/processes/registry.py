@@ -11,7 +11,7 @@ from django.db import connections, transaction
 from django.db.models.functions import Now
 
 from stalwart import events
-from stalwart.db import Released
+from stalwart.db import Death, Released
 from stalwart.db.retry import retry_transient
 from stalwart.jobs import JobStore
 from stalwart.models import Process
@@ -140,7 +140,7 @@ def prune_dead_processes(
                     error_class=PROCESS_DIED,
                     error_text=cause,
                     notify=True,
-                    death=not metadata.get(LEAVING),
+                    death=Death.NONE if metadata.get(LEAVING) else Death.SILENCE,
                 )
 
         released = retry_transient(database, prune_one, what="prune a dead process", conflicts=True)
@@ -150,15 +150,20 @@ def prune_dead_processes(
 
 
 def remove_reaped_child(
-    database: str, *, supervisors: Sequence[int], pid: int, cause: str, death: bool = True
+    database: str,
+    *,
+    supervisors: Sequence[int],
+    pid: int,
+    cause: str,
+    death: Death = Death.CRASH,
 ) -> list[GoneProcess]:
     """Remove the row(s) of a child the supervisor reaped, releasing what it held.
 
     ``supervisors``: the rows the supervisor has had (a long outage may have made it take a
     new one). The child is dead (``waitpid`` said so), so releasing its jobs cannot make
-    them run twice at once. If it died (``death``: a signal, a crash) rather than ended on
-    its own with jobs still running (a shutdown timeout, a fence), the death is charged as
-    described in ``Statements.release_owner``, with ``cause`` as the error.
+    them run twice at once. ``death`` says how it ended (``Death.CRASH``, or ``Death.NONE`` if
+    it ended on its own with jobs still running: a shutdown timeout, a fence); a crash is
+    charged as ``Death`` says, with ``cause`` as the error.
     """
     statements = JobStore(database).statements
 
@@ -175,7 +180,7 @@ def remove_reaped_child(
                     error_class=PROCESS_DIED,
                     error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
                     notify=True,
-                    death=death and not metadata.get(LEAVING),
+                    death=Death.NONE if metadata.get(LEAVING) else death,
                 )
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone
@@ -239,6 +244,7 @@ def release_orphans(database: str) -> list[Released]:
                     owner=owner,
                     error_class=PROCESS_DIED,
                     error_text=f"The process (row {owner}) that held this job is gone.",
+                    death=Death.SILENCE,
                 )
             # All owners' keys at once, in one sorted pass: locks taken in one order.
             statements.hand_on_slots(cursor, released, notify=True)

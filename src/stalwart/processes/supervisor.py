@@ -17,12 +17,14 @@ import contextlib
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from stalwart import events
 from stalwart.conf import Options
+from stalwart.db import Death
 from stalwart.db.deadline import deadline
 from stalwart.processes import systemd
 from stalwart.processes.base import EXIT_CRASHED, EXIT_FENCED, EXIT_RECYCLE, Role
@@ -87,7 +89,9 @@ class Supervisor(Role):
         # Every row id we have had (a long outage may have made us register again).
         self._ids: set[int] = set()
         # Dead children whose rows the database has not let us remove yet.
-        self._pending_clean_ups: list[tuple[int, str, str, bool, bool]] = []
+        self._pending_clean_ups: list[tuple[int, str, str, bool, Death]] = []
+        # Children collected (waitpid) and not yet handled: (pid, status).
+        self._collected: deque[tuple[int, int]] = deque()
         # Process groups of dead children, and when to KILL what is left in them.
         self._groups: dict[int, float] = {}
         # A call to the database that takes longer has met a stalled link: it is cut.
@@ -109,7 +113,7 @@ class Supervisor(Role):
     # -- the loop ----------------------------------------------------------------------------
 
     def main(self) -> None:
-        signal.signal(signal.SIGCHLD, lambda signum, frame: self.waker.wake())
+        signal.signal(signal.SIGCHLD, self._on_child_signal)
         for slot in self.slots:
             self._start(slot)
         systemd.notify(
@@ -197,7 +201,14 @@ class Supervisor(Role):
         slot.started_at = time.monotonic()
         events.emit("process_forked", kind=slot.kind, slot=slot.label, pid=slot.pid)
 
-    def _reap(self) -> None:
+    def _on_child_signal(self, signum: int, frame: Any) -> None:
+        """A child exited: collect it now, even while the loop waits on the database (the
+        driver's waits return to Python often enough for handlers to run), so that no child
+        stays a zombie for as long as a stalled call lasts. The rest happens in the loop."""
+        self._collect()
+        self.waker.wake()
+
+    def _collect(self) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -205,11 +216,17 @@ class Supervisor(Role):
                 return
             if pid == 0:
                 return
+            self._collected.append((pid, status))
+
+    def _reap(self) -> None:
+        self._collect()
+        while self._collected:
+            pid, status = self._collected.popleft()
             slot = next((slot for slot in self.slots if slot.pid == pid), None)
             self._child_exited(pid, status, slot)
 
     def _clean_up_after(
-        self, pid: int, how: str, kind: str, expected: bool = False, death: bool = True
+        self, pid: int, how: str, kind: str, expected: bool = False, death: Death = Death.CRASH
     ) -> bool:
         """Release what a dead child held and drop its row; False if the database is away."""
         try:
@@ -253,8 +270,9 @@ class Supervisor(Role):
         how = describe_exit(status)
         code = os.waitstatus_to_exitcode(status)
         kind = slot.kind if slot else "unknown"
-        # Its role returned: jobs it left running were given up on purpose (a stop, a fence),
-        # not the cause of its end. Otherwise it died (a signal, a crash, a task's exit).
+        # It fenced itself, or its role returned: jobs it left running were given up on
+        # purpose, not the cause of its end. Otherwise it died (a signal, a crash, a task's
+        # exit, its heartbeat's deadline while a task held the GIL).
         on_its_own = slot is not None and slot.forked is not None and ended_on_its_own(slot.forked)
         expected = on_its_own and (
             code == EXIT_RECYCLE or (self.stop_requested and code in (0, EXIT_FENCED))
@@ -262,7 +280,7 @@ class Supervisor(Role):
         # Whatever its jobs started does not outlive it.
         if end_group(pid, signal.SIGTERM):
             self._groups[pid] = time.monotonic() + GROUP_GRACE
-        entry = (pid, how, kind, expected, not on_its_own)
+        entry = (pid, how, kind, expected, Death.NONE if on_its_own else Death.CRASH)
         if not self._clean_up_after(*entry):
             self._pending_clean_ups.append(entry)
         if slot is None:
