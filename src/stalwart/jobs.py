@@ -101,38 +101,31 @@ class JobStore:
         selector: QueueSelector,
         limit: int,
         paused: Sequence[str] = (),
-        alone: bool = True,
+        isolated_first: bool = False,
     ) -> list[ClaimedJob]:
         """Claim up to ``limit`` ready jobs, queue pattern by queue pattern, in order.
 
-        ``alone``: the claimant runs nothing else, so it may take an isolated job (which is
-        then all it takes; see ``Statements.claim``).
+        Isolated jobs (see ``Job.isolated``) are left alone, unless ``isolated_first``: the
+        claimant runs nothing else, and takes the first isolated job of its queues, if there
+        is one, and only it.
         """
         excluded = list(selector.excluded) + [QueuePattern(name) for name in paused]
+        if isolated_first:
+            for pattern in selector.patterns:
+                one = self._claim_pattern(
+                    owner, worker_name, pattern, excluded, limit=1, isolated=True
+                )
+                if one:
+                    return one
         claimed: list[ClaimedJob] = []
         for pattern in selector.patterns:
             wanted = limit - len(claimed)
-            if wanted <= 0 or any(job.isolated for job in claimed):
+            if wanted <= 0:
                 break
-
-            def claim_pattern(
-                pattern: QueuePattern = pattern,
-                wanted: int = wanted,
-                alone: bool = alone and not claimed,
-            ) -> list:
-                with self.connection.cursor() as cursor:
-                    return self.statements.claim(
-                        cursor,
-                        owner=owner,
-                        worker_name=worker_name,
-                        pattern=pattern,
-                        excluded=excluded,
-                        limit=wanted,
-                        alone=alone,
-                    )
-
             try:
-                claimed.extend(retry_transient(self.database, claim_pattern, what="claim"))
+                claimed += self._claim_pattern(
+                    owner, worker_name, pattern, excluded, limit=wanted, isolated=False
+                )
             except DatabaseError:
                 if not claimed:
                     raise
@@ -140,6 +133,43 @@ class JobStore:
                 events.emit("claim_failed", pattern=str(pattern), kept=len(claimed))
                 break
         return claimed
+
+    def _claim_pattern(
+        self,
+        owner: int,
+        worker_name: str,
+        pattern: QueuePattern,
+        excluded: list[QueuePattern],
+        *,
+        limit: int,
+        isolated: bool,
+    ) -> list[ClaimedJob]:
+        def claim() -> list[ClaimedJob]:
+            with self.connection.cursor() as cursor:
+                return self.statements.claim(
+                    cursor,
+                    owner=owner,
+                    worker_name=worker_name,
+                    pattern=pattern,
+                    excluded=excluded,
+                    limit=limit,
+                    isolated=isolated,
+                )
+
+        return retry_transient(self.database, claim, what="claim")
+
+    def isolated_waiting(self, *, selector: QueueSelector, paused: Sequence[str] = ()) -> bool:
+        """Whether an isolated job is ready in any of these queues."""
+        excluded = list(selector.excluded) + [QueuePattern(name) for name in paused]
+
+        def look() -> bool:
+            with self.connection.cursor() as cursor:
+                return any(
+                    self.statements.isolated_waiting(cursor, pattern=pattern, excluded=excluded)
+                    for pattern in selector.patterns
+                )
+
+        return retry_transient(self.database, look, what="isolated jobs")
 
     def _in_transaction(
         self,
@@ -234,9 +264,9 @@ class JobStore:
         selector: QueueSelector,
         limit: int,
         paused: Sequence[str] = (),
-        alone: bool = True,
     ) -> tuple[dict, list[ClaimedJob]]:
-        """Write outcomes (none with a concurrency key) and claim, in one statement."""
+        """Write outcomes (none with a concurrency key) and claim jobs that are not isolated,
+        in one statement."""
         excluded = list(selector.excluded) + [QueuePattern(name) for name in paused]
         tries = []
 
@@ -251,7 +281,6 @@ class JobStore:
                     pattern=selector.patterns[0],
                     excluded=excluded,
                     limit=limit,
-                    alone=alone,
                 )
 
         written, claimed = retry_transient(

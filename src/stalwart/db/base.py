@@ -335,15 +335,24 @@ class Statements:
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
-        alone: bool = True,
+        isolated: bool = False,
     ) -> list[ClaimedJob]:
-        """Claim up to ``limit`` ready jobs for ``owner``, most urgent first.
-
-        An isolated job (see ``Job.isolated``) runs alone: it is claimed only by a worker
-        with nothing else running (``alone``), and then as the only job of its claim; a
-        claim stops before the first isolated job it meets otherwise.
-        """
+        """Claim up to ``limit`` ready jobs for ``owner``, most urgent first: jobs that are
+        not isolated, or, with ``isolated``, isolated ones (see ``Job.isolated``), which a
+        worker claims one at a time, when it runs nothing else."""
         raise NotImplementedError
+
+    def isolated_waiting(
+        self, cursor: Any, *, pattern: QueuePattern, excluded: Sequence[QueuePattern]
+    ) -> bool:
+        """Whether an isolated job is ready in these queues (a partial index answers)."""
+        conditions, params = self.queue_filter(pattern, excluded)
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM stalwart_job "
+            f"WHERE status = 'ready' AND isolated {conditions})",
+            params,
+        )
+        return bool(cursor.fetchone()[0])
 
     def finish(self, cursor: Any, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
         """Write outcomes still ours; return ``{job id: finished_at}`` for those written."""

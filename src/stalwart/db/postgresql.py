@@ -39,7 +39,7 @@ _SIBLING_IN_HELD = """
     SELECT 1 FROM held AS other_held JOIN stalwart_job AS other ON other.id = other_held.id
     WHERE other.unique_key = job.unique_key AND other.id < job.id"""
 _LAST_ATTEMPT = "jsonb_array_length(job.errors) + 1 >= job.max_attempts"
-_CHARGED_AT_LAST_ATTEMPT = f"(charge.alone AND {_LAST_ATTEMPT})"
+_CHARGED_AT_LAST_ATTEMPT = f"(charge.charged AND {_LAST_ATTEMPT})"
 _STATUS_AFTER_DEATH = f"CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
 # The type of each column an insert writes, for the casts of its parameters.
 _COLUMN_TYPES = {
@@ -166,21 +166,13 @@ class PostgreSQLStatements(Statements):
                 SELECT id FROM stalwart_process WHERE id = %s FOR KEY SHARE
             ),
             picked AS MATERIALIZED (
-                SELECT id, isolated,
-                       row_number() OVER (ORDER BY priority DESC, available_at, id) AS place
-                FROM (
-                    SELECT id, isolated, priority, available_at FROM stalwart_job
-                    WHERE status = 'ready' {conditions} AND EXISTS (SELECT 1 FROM claimant)
-                    ORDER BY priority DESC, available_at, id
-                    LIMIT %s
-                    FOR UPDATE SKIP LOCKED
-                ) AS candidate
-            ),
-            chosen AS MATERIALIZED (
-                -- Up to the first isolated job; that one only alone, and only if alone.
-                SELECT id FROM picked
-                WHERE place < (SELECT COALESCE(min(place), 2147483647) FROM picked WHERE isolated)
-                   OR (%s AND place = 1 AND isolated)
+                -- Isolated jobs, or the others: an isolated job is claimed alone.
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' AND isolated = %s {conditions}
+                  AND EXISTS (SELECT 1 FROM claimant)
+                ORDER BY priority DESC, available_at, id
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
             )"""
     _CLAIM_UPDATE = """
             UPDATE stalwart_job AS job
@@ -190,14 +182,14 @@ class PostgreSQLStatements(Statements):
                 started_at = COALESCE(job.started_at, now()),
                 last_attempted_at = now(),
                 worker_ids = job.worker_ids || jsonb_build_array(%s::text)
-            FROM chosen
-            WHERE job.id = chosen.id AND job.status = 'ready'
+            FROM picked
+            WHERE job.id = picked.id AND job.status = 'ready'
             RETURNING {returning}"""
 
     def _claim_params(
-        self, owner: int, worker_name: str, filter_params: list, limit: int, alone: bool
+        self, owner: int, worker_name: str, filter_params: list, limit: int, isolated: bool
     ) -> list:
-        return [owner, *filter_params, limit, alone, owner, worker_name]
+        return [owner, isolated, *filter_params, limit, owner, worker_name]
 
     def claim(
         self,
@@ -208,14 +200,14 @@ class PostgreSQLStatements(Statements):
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
-        alone: bool = True,
+        isolated: bool = False,
     ) -> list[ClaimedJob]:
         conditions, filter_params = self.queue_filter(pattern, excluded)
         cursor.execute(
             "WITH"
             + self._CLAIM_CTES.format(conditions=conditions)
             + self._CLAIM_UPDATE.format(returning=_RETURNING),
-            self._claim_params(owner, worker_name, filter_params, limit, alone),
+            self._claim_params(owner, worker_name, filter_params, limit, isolated),
         )
         return self.claimed_from_rows(cursor.fetchall())
 
@@ -291,7 +283,7 @@ class PostgreSQLStatements(Statements):
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
-        alone: bool = True,
+        isolated: bool = False,
     ) -> tuple[dict, list[ClaimedJob]]:
         """Write outcomes and claim new jobs in one statement: one round trip, one commit.
 
@@ -314,7 +306,7 @@ class PostgreSQLStatements(Statements):
             [
                 *self._outcome_params(outcomes, owner),
                 owner,
-                *self._claim_params(owner, worker_name, filter_params, limit, alone),
+                *self._claim_params(owner, worker_name, filter_params, limit, isolated),
             ],
         )
         rows = cursor.fetchall()
@@ -383,18 +375,18 @@ class PostgreSQLStatements(Statements):
             ),
             -- Charged: every job (a silence), or a job that was alone (a crash), or none.
             charge AS MATERIALIZED (
-                SELECT %s::boolean OR (%s::boolean AND count(*) = 1) AS alone FROM held
+                SELECT %s::boolean OR (%s::boolean AND count(*) = 1) AS charged FROM held
             ),
             released AS (
                 UPDATE stalwart_job AS job
                 SET status = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed'
                                   ELSE {waiting} END,
                     finished_at = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN now() END,
-                    available_at = CASE WHEN charge.alone THEN now() ELSE job.available_at END,
+                    available_at = CASE WHEN charge.charged THEN now() ELSE job.available_at END,
                     owner = NULL,
                     isolated = job.isolated OR %s::boolean,
                     {self.unique_key_leaving("job", _STATUS_AFTER_DEATH, _SIBLING_IN_HELD)},
-                    errors = CASE WHEN charge.alone THEN
+                    errors = CASE WHEN charge.charged THEN
                         job.errors || jsonb_build_array(jsonb_build_object(
                             'exception_class_path', %s::text, 'traceback', %s::text))
                         ELSE job.errors END

@@ -75,7 +75,7 @@ class SQLiteStatements(Statements):
         pattern: QueuePattern,
         excluded: Sequence[QueuePattern],
         limit: int,
-        alone: bool = True,
+        isolated: bool = False,
     ) -> list[ClaimedJob]:
         conditions, filter_params = self.queue_filter(pattern, excluded)
         now = self.now_param()
@@ -91,24 +91,14 @@ class SQLiteStatements(Statements):
             WHERE status = 'ready'
               AND EXISTS (SELECT 1 FROM stalwart_process WHERE id = %s)
               AND id IN (
-                WITH picked AS MATERIALIZED (
-                    SELECT id, isolated,
-                           row_number() OVER (ORDER BY priority DESC, available_at, id) AS place
-                    FROM (
-                        SELECT id, isolated, priority, available_at FROM stalwart_job
-                        WHERE status = 'ready' {conditions}
-                        ORDER BY priority DESC, available_at, id
-                        LIMIT %s
-                    )
-                )
-                -- Up to the first isolated job; that one only alone, and only if alone.
-                SELECT id FROM picked
-                WHERE place < (SELECT COALESCE(min(place), 2147483647) FROM picked WHERE isolated)
-                   OR (%s AND place = 1 AND isolated)
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' AND isolated = %s {conditions}
+                ORDER BY priority DESC, available_at, id
+                LIMIT %s
             )
             RETURNING {_RETURNING}
             """,
-            [owner, now, now, worker_name, owner, *filter_params, limit, alone],
+            [owner, now, now, worker_name, owner, isolated, *filter_params, limit],
         )
         return self.claimed_from_rows(cursor.fetchall())
 

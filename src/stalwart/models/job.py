@@ -125,6 +125,12 @@ class Job(models.Model):
                 condition=models.Q(status__in=["ready", "running"], concurrency_key__isnull=False),
                 name="stalwart_job_slot_holders",
             ),
+            # Isolated ready jobs (rare: after a crash), which a worker looks for each poll.
+            models.Index(
+                fields=["queue_name"],
+                condition=models.Q(status="ready", isolated=True),
+                name="stalwart_job_isolated",
+            ),
             # Failed jobs by queue (status pages, retry and discard in bulk).
             models.Index(
                 fields=["queue_name", "finished_at"],

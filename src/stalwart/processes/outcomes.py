@@ -47,7 +47,8 @@ class ClaimRequest:
     worker_name: str
     selector: QueueSelector
     paused: Sequence[str]
-    alone: bool  # nothing else runs in the worker: it may take an isolated job
+    # Nothing runs in the worker and an isolated job waits: take it first, and it alone.
+    isolated_first: bool = False
 
 
 def _may_wait(item: Finished) -> bool:
@@ -119,6 +120,7 @@ class OutcomeWriter:
         plain = [item for item in pending if not _may_wait(item)]
         return (
             bool(plain)
+            and not claim.isolated_first
             and self.store.can_finish_and_claim(claim.selector)
             and not any(item.job.concurrency_key for item in plain)
         )
@@ -144,7 +146,6 @@ class OutcomeWriter:
                 selector=claim.selector,
                 limit=claim.limit,
                 paused=claim.paused,
-                alone=claim.alone,
             )
             hold(claimed)
         elif plain:
@@ -212,7 +213,7 @@ class OutcomeWriter:
             selector=claim.selector,
             limit=claim.limit,
             paused=claim.paused,
-            alone=claim.alone,
+            isolated_first=claim.isolated_first,
         )
 
     def _report_deferred(self, deferred: list[Finished]) -> None:

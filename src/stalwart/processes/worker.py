@@ -5,11 +5,14 @@ job threads only run tasks. So a task that breaks its own connection cannot brea
 bookkeeping, and outcomes that finish together are written in one statement
 (``stalwart.processes.outcomes``).
 
-A job the database marks ``isolated`` (it was running beside others when a process died)
-runs alone: it is claimed only when nothing else runs here, and nothing else is claimed
-while it runs. A job whose body may still be running is never given back by this process:
-at a stop, only jobs no thread has started are released; the others stay ours until the
-process has ended, when the supervisor that reaps it (or a prune) gives them back.
+A job the database marks ``isolated`` (it was running when a process died) runs alone: it is
+claimed only when nothing else runs here, and nothing else is claimed while it runs. A
+worker that knows one is waiting stops claiming others until it runs nothing, then takes
+it first; so isolated jobs never starve, and never block a queue either.
+
+A job whose body may still be running is never given back by this process: at a stop, only
+jobs no thread runs are released; the others stay ours until the process has ended, when
+the supervisor that reaps it (or a prune) gives them back.
 """
 
 import contextlib
@@ -82,6 +85,7 @@ class Worker(Role):
         self._listener: Listener | None = None
         self._next_promotion = 0.0
         self._paused: list[str] = []
+        self._isolated_waiting = False
         self._next_reconcile = 0.0
         self._next_memory_check = 0.0
         self._next_pause_check = 0.0
@@ -177,16 +181,25 @@ class Worker(Role):
             return None
         if now >= self._next_pause_check:
             self._paused = paused_queues(database=self.database)
+            self._isolated_waiting = self.store.isolated_waiting(
+                selector=self.selector, paused=self._paused
+            )
             self._next_pause_check = now + self.poll_interval()
         idle = self.pool.idle
-        if self.pool.busy and any(job.isolated for job in self.held.values()):
-            idle = 0  # an isolated job runs alone
-        claimed = self.flush(claim=idle)
+        alone = self.pool.busy == 0
+        if not alone and (self._isolated_waiting or self._running_isolated()):
+            idle = 0  # an isolated job runs alone: none beside it, and none beside one waiting
+        claimed = self.flush(claim=idle, isolated_first=alone and self._isolated_waiting)
+        if alone and self._isolated_waiting and not any(job.isolated for job in claimed):
+            self._isolated_waiting = False  # none was left for us: back to ordinary claims
         self._show_state()
         if self.stop_when_empty and not claimed and not self.held and self._drained():
             return None
         # A full claim means the pool is busy: the next wake-up is a job finishing.
         return bool(claimed) and len(claimed) == idle and self.pool.idle > 0
+
+    def _running_isolated(self) -> bool:
+        return any(job.isolated for job in self.held.values())
 
     def _gather(self) -> None:
         """Give the jobs still running up to ``GATHER_WINDOW`` to finish after one has.
@@ -276,9 +289,16 @@ class Worker(Role):
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def flush(self, *, claim: int = 0, extra: list[Finished] | None = None) -> list[ClaimedJob]:
+    def flush(
+        self,
+        *,
+        claim: int = 0,
+        isolated_first: bool = False,
+        extra: list[Finished] | None = None,
+    ) -> list[ClaimedJob]:
         """Write every finished attempt we still own, then report them; with ``claim``, also
-        claim up to that many jobs (together, where the database can), and start them."""
+        claim up to that many jobs (together, where the database can), and start them;
+        with ``isolated_first``, an isolated job first, if there is one, and it alone."""
         request = None
         if claim:
             request = ClaimRequest(
@@ -286,7 +306,7 @@ class Worker(Role):
                 worker_name=self.name,
                 selector=self.selector,
                 paused=self._paused,
-                alone=self.pool.busy == 0,
+                isolated_first=isolated_first,
             )
         claimed: list[ClaimedJob] = []
 
