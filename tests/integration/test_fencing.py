@@ -21,7 +21,9 @@ def processes():
 
 
 def claim_one(store, owner):
-    claimed = store.claim(owner=owner, worker_name=f"w{owner}", selector=EVERYTHING, limit=1)
+    claimed = store.claim(
+        owner=owner, worker_name=f"w{owner}", selector=EVERYTHING, limit=1, isolated_first=True
+    )
     assert len(claimed) == 1
     return claimed[0]
 
