@@ -203,31 +203,23 @@ class JobStore:
         """
         if not outcomes:
             return {}
-        tries = []
 
         def work(cursor: Any) -> dict:
-            tries.append(1)
             written = self.statements.finish(cursor, owner=owner, outcomes=outcomes)
             for key in sorted(set(free_keys)):
                 self.statements.unblock(cursor, key=key, notify=self.notify)
             return written
 
         # A lock waited on too long is not waited on again: the worker writes the others.
-        written = self._in_transaction("finish", work, atomic=bool(free_keys), lock_waits=False)
-        if len(tries) > 1:
-            written |= self._settled(owner, outcomes, written)
-        return written
+        return self._in_transaction("finish", work, atomic=bool(free_keys), lock_waits=False)
 
-    def _settled(self, owner: int, outcomes: Sequence[Outcome], written: dict) -> dict:
-        """After a retried write: the outcomes its retry did not write because an earlier
-        try had (its answer was lost), not because the job was taken from us."""
-        missing = [outcome for outcome in outcomes if outcome.id not in written]
-        if not missing:
-            return {}
+    def settled(self, *, owner: int, outcomes: Sequence[Outcome]) -> dict:
+        """Of outcomes a write matched nothing for, those written after all (by an earlier
+        try whose answer was lost): ``{id: finished_at}``."""
 
         def read() -> dict:
             with self.connection.cursor() as cursor:
-                return self.statements.settled(cursor, owner=owner, outcomes=missing)
+                return self.statements.settled(cursor, owner=owner, outcomes=outcomes)
 
         return retry_transient(self.database, read, what="re-read outcomes")
 
@@ -268,10 +260,8 @@ class JobStore:
         """Write outcomes (none with a concurrency key) and claim jobs that are not isolated,
         in one statement."""
         excluded = list(selector.excluded) + [QueuePattern(name) for name in paused]
-        tries = []
 
         def run() -> tuple[dict, list[ClaimedJob]]:
-            tries.append(1)
             with self.connection.cursor() as cursor:
                 return self.statements.finish_and_claim(
                     cursor,
@@ -283,13 +273,10 @@ class JobStore:
                     limit=limit,
                 )
 
-        written, claimed = retry_transient(
+        # A lost answer may hide a claim: the worker's reconciliation gives such jobs back.
+        return retry_transient(
             self.database, run, what="finish and claim", conflicts=True, lock_waits=False
         )
-        if len(tries) > 1:
-            # A lost answer may also hide a claim: the worker's reconciliation returns it.
-            written |= self._settled(owner, outcomes, written)
-        return written, claimed
 
     def release(self, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
         """Give back jobs we hold (graceful stop); return the ids released."""

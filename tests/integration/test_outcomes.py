@@ -1,6 +1,7 @@
 """Outcomes: written once, reported once, never held up by the application's code."""
 
 import threading
+import time
 from dataclasses import replace
 
 import psycopg
@@ -14,10 +15,18 @@ from stalwart.db.deadline import _cut
 from stalwart.jobs import JobStore
 from stalwart.models import Job, Process
 from stalwart.processes.outcomes import OutcomeWriter
+from stalwart.processes.registry import release_orphans
 from stalwart.processes.runner import Finished
 from stalwart.queues import QueueSelector
-from tests.helpers import make_worker, register_processes, wait_for, worker_thread
+from tests.helpers import (
+    WorkerThread,
+    make_worker,
+    register_processes,
+    wait_for,
+    worker_thread,
+)
 from tests.testapp import tasks
+from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -258,3 +267,145 @@ def test_a_worker_stopped_past_its_timeout_keeps_the_jobs_its_threads_still_run(
         assert Process.objects.get(pk=worker.registration.id).metadata["leaving"] is True
     finally:
         gate.set()
+
+
+def application_locks(job_id, locked: threading.Event, release: threading.Event):
+    """A thread whose transaction holds the job's row until ``release`` is set."""
+
+    def hold() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute("SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [job_id])
+                locked.set()
+                release.wait(30)
+                cursor.execute("COMMIT")
+        finally:
+            connections.close_all()
+
+    return threading.Thread(target=hold)
+
+
+def test_a_timed_out_attempt_is_never_released_while_its_thread_runs(
+    vendor, backend, recorded_events
+):
+    if vendor != "postgresql":
+        pytest.skip("an application's row lock is PostgreSQL's")
+    result = tasks.overruns_recorded.enqueue(4.0)
+    first = WorkerThread(make_worker(threads=1)).start()
+    wait_for(lambda: Execution.objects.filter(job_id=result.id).exists(), message="the start")
+    locked, release = threading.Event(), threading.Event()
+    holder = application_locks(result.id, locked, release)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        # The attempt times out at 1 s; its outcome waits on the lock; the worker stops.
+        wait_for(lambda: first.worker.stop_requested, timeout=10, message="the time-out")
+        first.join(15)
+    finally:
+        release.set()
+        holder.join(10)
+    job = Job.objects.get(pk=result.id)
+    assert first.worker.pool.busy == 1  # its thread still runs the attempt...
+    assert (job.status, job.owner) == ("running", first.worker.registration.id)  # ...so ours
+
+
+def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
+    vendor, recorded_events, finished_signals
+):
+    if vendor != "postgresql":
+        pytest.skip("a cut link needs a network (SQLite is a local file)")
+    register_processes(41)
+    first, second = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
+    jobs = JobStore("default").claim(owner=41, worker_name="w", selector=EVERYTHING, limit=2)
+    by_id = {str(job.id): job for job in jobs}
+    items = [success(by_id[result.id]) for result in (first, second)]
+    for item, result in zip(items, (first, second), strict=True):
+        object.__setattr__(item, "result", result)
+    locked, release = threading.Event(), threading.Event()
+    holder = application_locks(second.id, locked, release)
+    holder.start()
+    cut = []
+
+    def cut_the_link_on_the_second(execute, sql, params, many, context):
+        # The second outcome, written alone after the first was (the batch met the lock).
+        if "UPDATE stalwart_job" in sql and not cut and params and [by_id[second.id].id] in params:
+            cut.append(sql)
+            _cut(connection)
+        return execute(sql, params, many, context)
+
+    writer = OutcomeWriter(JobStore("default"), process="w", sender=object)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")  # as the queue's sessions have
+        assert locked.wait(10)
+        with (
+            connection.execute_wrapper(cut_the_link_on_the_second),
+            pytest.raises(OperationalError),
+        ):
+            writer.flush(41, items)
+        assert cut, "the fault was not injected"
+        assert Job.objects.get(pk=first.id).status == "successful"
+    finally:
+        release.set()
+        holder.join(10)
+    connection.close()
+    writer.flush(41, [])
+    discarded = [
+        fields["job"] for action, fields in recorded_events if action == "job_result_discarded"
+    ]
+    assert discarded == []
+    assert sorted(finished_signals) == sorted([first.id, second.id])
+
+
+def test_a_finished_job_whose_outcome_waits_is_not_timed_out(vendor, recorded_events):
+    if vendor != "postgresql":
+        pytest.skip("an application's row lock is PostgreSQL's")
+    tasks.GATE.clear()
+    result = tasks.gate_with_timeout.enqueue()
+    locked, release = threading.Event(), threading.Event()
+    holder = application_locks(result.id, locked, release)
+    try:
+        with worker_thread(threads=1) as worker:
+            wait_for(lambda: Job.objects.get(pk=result.id).status == "running", message="start")
+            holder.start()
+            assert locked.wait(10)
+            tasks.GATE.set()  # it finishes at once, within its 2 s; its outcome waits
+            time.sleep(2.5)  # holding the lock past the job's timeout
+            release.set()
+            wait_for(
+                lambda: Job.objects.get(pk=result.id).status == "successful",
+                message="its outcome to be written",
+            )
+            assert worker.exit_status == 0
+    finally:
+        release.set()
+        tasks.GATE.clear()
+        if holder.is_alive():
+            holder.join(10)
+    assert "job_timed_out" not in [action for action, _ in recorded_events]
+
+
+def test_a_worker_that_could_not_give_its_jobs_back_keeps_its_row(backend, recorded_events):
+    result = tasks.record.enqueue(label="kept", sleep=0.5)
+    worker = make_worker(threads=1, config=replace(backend.config, shutdown_timeout=5))
+    running = WorkerThread(worker).start()
+    wait_for(lambda: Job.objects.get(pk=result.id).status == "running", message="the start")
+    with connection.cursor() as cursor:  # the job table goes; the process table stays
+        cursor.execute("ALTER TABLE stalwart_job RENAME TO stalwart_job_away")
+    try:
+        wait_for(
+            lambda: any(action == "database_unavailable" for action, _ in recorded_events),
+            timeout=10,
+            message="the worker to meet the outage",
+        )
+        worker.request_stop()
+        running.join(15)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE stalwart_job_away RENAME TO stalwart_job")
+    # It could not give the job back: its row stays, marked leaving, for a prune...
+    assert Process.objects.get(pk=worker.registration.id).metadata["leaving"] is True
+    # ...and nothing takes the job as an orphan, charging it a death that never happened.
+    assert release_orphans("default") == []
+    assert Job.objects.get(pk=result.id).errors == []

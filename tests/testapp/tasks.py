@@ -310,3 +310,23 @@ def spawn_sleeper(context: TaskContext, seconds: float = 60.0) -> None:
     sleeper = subprocess.Popen(["sleep", "120"])  # noqa: S607 - a test task
     book.append("spawned", context.task_result.id, context.attempt, sleeper.pid)
     _ledgered(context, seconds)
+
+
+@stalwart.task(timeout=1, backoff=0, takes_context=True)
+def overruns_recorded(context: TaskContext, seconds: float = 4.0) -> None:
+    """Runs past its 1 s timeout; records its start at once and its end when done."""
+    row = Execution.objects.create(
+        job_id=context.task_result.id,
+        label="overrun",
+        attempt=context.attempt,
+        pid=os.getpid(),
+        started_at=timezone.now(),
+    )
+    time.sleep(seconds)
+    Execution.objects.filter(pk=row.pk).update(finished_at=timezone.now())
+
+
+@stalwart.task(timeout=2)
+def gate_with_timeout() -> bool:
+    """Waits at ``GATE`` (well within its 2 s timeout, if the test opens it in time)."""
+    return GATE.wait(10)

@@ -15,8 +15,8 @@ events, Django's ``task_finished``) or, if the job was taken from us, discarded.
 - If the database refuses the batch for what it carries (a value it cannot store), each
   outcome is written alone, and one it refuses becomes a failure that says why.
 - If the database is unavailable, everything waits here for the next flush. A write whose
-  answer was lost may have been committed: if its retry matches nothing, the rows are read
-  again before an outcome is called discarded.
+  answer was lost may have been committed: an outcome that matches nothing is checked
+  against the rows before it is called discarded.
 """
 
 from collections.abc import Callable, Sequence
@@ -103,13 +103,16 @@ class OutcomeWriter:
             elif refuses_the_data(error):
                 written, deferred = self._write_each(owner, pending)
             else:
-                for item in pending:
-                    item.uncertain = True  # a lost answer may hide a committed write
-                raise
+                raise  # all of them wait here for the next flush
             combined = False
+        settled = [item for item in pending if item not in deferred]
+        missing = [item.outcome for item in settled if item.job.id not in written]
+        if missing:
+            # Matched nothing: taken from us, or written by an earlier try whose answer was
+            # lost (the link broke after COMMIT). The rows tell which.
+            written |= self.store.settled(owner=owner, outcomes=missing)
         self.unwritten = deferred
         self._report_deferred(deferred)
-        settled = [item for item in pending if item not in deferred]
         self._report(settled, written)
         if claim is not None and not combined:
             hold(self._claim(owner, claim))  # after the report: written outcomes are settled
@@ -133,9 +136,8 @@ class OutcomeWriter:
         hold: Callable[[list[ClaimedJob]], None],
     ) -> tuple[dict, list[Finished]]:
         """The outcomes that need not wait in one statement (with ``claim``, if given), then
-        each of the others, giving up on those that would wait; then, for writes that failed
-        earlier and may have committed, what the rows say. Returns what was written, and
-        what must wait."""
+        each of the others, giving up on those that would wait. Returns what was written,
+        and what must wait."""
         plain = [item for item in pending if not _may_wait(item)]
         written: dict = {}
         if claim is not None:
@@ -153,15 +155,7 @@ class OutcomeWriter:
         more, deferred = self._write_each(
             owner, [item for item in pending if _may_wait(item)], briefly=True
         )
-        written |= more
-        uncertain = [
-            item.outcome
-            for item in pending
-            if item.uncertain and item not in deferred and item.job.id not in written
-        ]
-        if uncertain:
-            written |= self.store.settled(owner=owner, outcomes=uncertain)
-        return written, deferred
+        return written | more, deferred
 
     def _write_each(
         self, owner: int, items: list[Finished], *, briefly: bool = False
@@ -193,6 +187,7 @@ class OutcomeWriter:
                     error=f"{type(error).__name__}: {error}",
                 )
                 replacement = crashed_attempt(item.job, OutcomeNotStored(str(error)))
+                replacement.result = item.result  # reported as failed, with that error
                 items[index] = replacement
                 written |= self._write(owner, [replacement])
         return written, deferred
@@ -224,7 +219,8 @@ class OutcomeWriter:
                     "outcome_deferred",
                     job=item.job.id,
                     task=item.job.task_path,
-                    reason="another transaction holds its unique key; it is tried again",
+                    reason="it waits on another transaction (a lock, or a unique twin "
+                    "not yet committed); it is tried again",
                 )
 
     def _report(self, settled: list[Finished], written: dict) -> None:

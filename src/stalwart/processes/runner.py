@@ -38,7 +38,6 @@ class Finished:
     return_value: Any = None
     retry_in: float | None = None  # seconds until the next attempt, when one is scheduled
     timed_out: bool = False  # written for an attempt still running past its timeout
-    uncertain: bool = False  # a write of it failed, and may have committed all the same
 
 
 # The longest wait before a retry a backoff may ask for (a hundred years, in seconds).

@@ -103,7 +103,9 @@ class Worker(Role):
         return self.pool.busy > 0
 
     def abandons_jobs(self) -> bool:
-        return self.abandoned_threads
+        # Threads still running, or jobs it could not give back: either way its row stays
+        # (marked leaving), so that they go back uncharged once it is surely gone.
+        return self.abandoned_threads or bool(self.held)
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -314,11 +316,12 @@ class Worker(Role):
             claimed.extend(jobs)
             self._hold(jobs)
 
+        finished = self.pool.take_finished()
+        for item in finished:
+            # Ended: however long its outcome waits to be written, it is not timing out.
+            self.deadlines.pop(item.job.id, None)
         settled = self.outcomes.flush(
-            self.registration.id,
-            (extra or []) + self.pool.take_finished(),
-            claim=request,
-            hold=hold,
+            self.registration.id, (extra or []) + finished, claim=request, hold=hold
         )
         for item in settled:
             self.held.pop(item.job.id, None)
@@ -384,8 +387,10 @@ class Worker(Role):
         deadline = time.monotonic() + self.config.shutdown_timeout
         while not self.immediate and self.fenced_reason is None:
             self._flush_at_stop()
-            # Held and not yet written (just flushed): queued or running in a thread.
-            still_running = set(self.held) - set(self.timed_out)
+            # Held, and neither past its timeout nor finished (its outcome waiting to be
+            # written): queued or running in a thread.
+            unwritten = {item.job.id for item in self.outcomes.unwritten}
+            still_running = set(self.held) - set(self.timed_out) - unwritten
             remaining = deadline - time.monotonic()
             if not still_running or remaining <= 0:
                 break
@@ -421,8 +426,11 @@ class Worker(Role):
                 "finish_failed", process=self.name, error=f"{type(error).__name__}: {error}"
             )
         unstarted = {job.id for job in self.pool.withdraw_unstarted()}
-        # Jobs whose outcome could not be written: no thread runs them any more.
-        unwritten = {item.job.id for item in self.outcomes.unwritten}
+        # Jobs whose outcome could not be written: no thread runs them any more; except
+        # attempts past their timeout, whose threads still do.
+        unwritten = {
+            item.job.id for item in self.outcomes.unwritten if item.job.id not in self.timed_out
+        }
         idle = [
             (job.id, job.attempt)
             for job in self.held.values()
@@ -442,7 +450,9 @@ class Worker(Role):
             return
         for job_id, _ in idle:
             self.held.pop(job_id, None)
-        self.outcomes.unwritten = []
+        self.outcomes.unwritten = [
+            item for item in self.outcomes.unwritten if item.job.id in self.held
+        ]
         if released:
             events.emit(
                 "jobs_released",
