@@ -260,11 +260,11 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
     )
     heartbeat = reader.number("heartbeat_interval", 10.0, minimum=0.05, maximum=3600)
     threshold = reader.number("process_alive_threshold", 60.0, minimum=0.2, maximum=86400)
-    if threshold < 2 * heartbeat:
+    if threshold < 3 * heartbeat:
         raise ConfigurationError(
-            f"{reader.name('process_alive_threshold')} ({threshold:g} s) must be at least twice "
-            f"{reader.name('heartbeat_interval')} ({heartbeat:g} s), or live processes would be "
-            "taken for dead."
+            f"{reader.name('process_alive_threshold')} ({threshold:g} s) must be at least three "
+            f"times {reader.name('heartbeat_interval')} ({heartbeat:g} s): live processes would "
+            "be taken for dead, or end for one slow heartbeat."
         )
     statement_timeout, lock_timeout = _read_timeouts(reader, threshold)
     options = Options(

@@ -46,6 +46,7 @@ _LEVELS = {
     "process_stopped": logging.INFO,
     "process_fenced": logging.ERROR,
     "process_pruned": logging.WARNING,
+    "prune_deferred": logging.WARNING,
     "process_exited": logging.WARNING,
     "child_exited": logging.INFO,
     "process_forked": logging.INFO,
@@ -68,6 +69,7 @@ _LEVELS = {
     "process_reregistered": logging.WARNING,
     "signal_receiver_failed": logging.ERROR,
     "outcome_deferred": logging.INFO,
+    "session_options_refused": logging.WARNING,
 }
 
 _MULTILINE_FIELDS = ("traceback",)

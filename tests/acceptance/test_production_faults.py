@@ -8,6 +8,7 @@ every process is reaped (the ``reaped`` fixture kills whole trees).
 
 import os
 import re
+import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
@@ -292,3 +293,56 @@ def test_a_task_holding_the_gil_ends_its_process_before_its_job_is_taken(reaped)
     assert stop(supervisor) == 0, supervisor.output
     assert f'pid={holder} how="was killed by SIGALRM"' in supervisor.output
     assert not psutil.pid_exists(holder) or gone(holder)
+
+
+def test_a_supervisor_that_registered_again_still_cleans_up_after_its_children(reaped):
+    supervisor = start_supervisor("--processes", "1", "--threads", "1", children=3)
+    reaped.append(supervisor)
+    old = Process.objects.get(pid=supervisor.pid, kind="supervisor").id
+    # As a prune after a long outage would: its row is gone; its children live on.
+    Process.objects.filter(pk=old).delete()
+    new = wait_for(
+        lambda: (
+            Process.objects.filter(pid=supervisor.pid, kind="supervisor")
+            .values_list("id", flat=True)
+            .first()
+        ),
+        message="the supervisor to register again",
+    )
+    wait_for(lambda: Process.objects.filter(supervisor=new).count() == 3, message="children")
+    result = tasks.record.enqueue(label="reaped", sleep=ALIVE * 4)
+    wait_for(lambda: running(result.id), message="the job to start")
+    killed = owner_pid(result.id)
+    psutil.Process(killed).kill()
+    wait_for(
+        lambda: Job.objects.get(pk=result.id).attempt >= 2,
+        timeout=ALIVE,  # reaped at once, not pruned once the threshold has passed
+        message="the dead child's job to be taken back at once",
+    )
+    job = Job.objects.get(pk=result.id)
+    assert "died: it was killed by SIGKILL" in job.errors[0]["traceback"]
+    stop(supervisor, timeout=6 * ALIVE)
+
+
+def test_a_long_application_write_on_sqlite_charges_no_running_job(reaped, vendor):
+    if vendor != "sqlite":
+        pytest.skip("SQLite's single writer: an application holding it stops every writer")
+    supervisor = start_supervisor("--processes", "1", children=3)
+    reaped.append(supervisor)
+    result = tasks.record.enqueue(label="patient", sleep=ALIVE * 3)
+    Job.objects.filter(pk=result.id).update(max_attempts=1)
+    wait_for(lambda: running(result.id), message="the job to start")
+    application = sqlite3.connect(connection.settings_dict["NAME"], timeout=30)
+    try:
+        application.execute("BEGIN IMMEDIATE")  # a migration rebuilding a table, say
+        time.sleep(ALIVE + 2)  # holding the write lock past the alive threshold
+    finally:
+        application.rollback()
+        application.close()
+    wait_for(
+        lambda: Job.objects.get(pk=result.id).status == "successful",
+        timeout=10 * ALIVE,
+        message="the job to run again and succeed",
+    )
+    assert Job.objects.get(pk=result.id).errors == []
+    assert stop(supervisor) == 0, supervisor.output

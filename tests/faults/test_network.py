@@ -9,12 +9,15 @@
   worker whose job still runs (item 3): no job runs twice at once.
 """
 
+import socket
+import threading
 import time
 from datetime import timedelta
 
 import psutil
 
-from tests.faults.target import ALIVE
+from stalwart.models import Job
+from tests.faults.target import ALIAS, ALIVE
 from tests.faults.workload import (
     all_finished,
     ledger_jobs,
@@ -156,3 +159,91 @@ def test_slow_heartbeat_answers_never_let_a_pruner_take_a_live_workers_job(proxi
     proxied.stop(pruner)
     # A job may run again once its worker gave it up, never while that worker still runs it.
     proxied.conclude(successful(ids), reruns=True)
+
+
+def test_a_stalled_link_charges_no_job_its_tree_gave_up(proxied):
+    """A link that stalls past the threshold fences the whole tree; the supervisor, which
+    learns that its children gave their jobs up on purpose, releases them uncharged: a job
+    allowed a single attempt is not failed for a network fault."""
+    stalled = proxied.fleet.supervise("--processes", "1", "--threads", "2", children=3)
+    ids = ledger_jobs(proxied, 2, 3 * ALIVE, scaled=False)
+    Job.objects.using(ALIAS).filter(pk__in=ids).update(max_attempts=1)
+    proxied.wait(running(ids, 2), timeout=20, what="the jobs to start")
+
+    proxied.proxy.stall()
+    time.sleep(ALIVE + 3)  # holding the stall open past the alive threshold
+    proxied.proxy.unstall()
+    ended = time.monotonic()
+
+    proxied.recover(all_finished(ids), since=ended, bound=8 * ALIVE, what="every job to finish")
+    for job_id, status, errors in (
+        Job.objects.using(ALIAS).filter(pk__in=ids).values_list("id", "status", "errors")
+    ):
+        proxied.expect(
+            status == "successful" and errors == [],
+            f"job {job_id} ended {status} with {errors}: a stall is not the job's failure",
+        )
+    proxied.stop(stalled)
+    proxied.conclude(successful(ids), reruns=True, overlap=True)
+
+
+def test_a_stalled_link_never_silences_the_supervisors_watchdog(proxied, tmp_path):
+    """systemd's watchdog must keep hearing from the supervisor while its link stalls: every
+    call it makes has a deadline, a connection attempt a short timeout, and the loop makes
+    one attempt per backoff, not one per child."""
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(0.1)
+    pings: list[float] = []
+    stop = threading.Event()
+
+    def collect() -> None:
+        while not stop.is_set():
+            try:
+                if b"WATCHDOG=1" in listener.recv(4096):
+                    pings.append(time.monotonic())
+            except (TimeoutError, OSError):
+                continue
+
+    collector = threading.Thread(target=collect)
+    collector.start()
+    try:
+        supervisor = proxied.fleet.supervise(
+            "--processes",
+            "1",
+            children=3,
+            NOTIFY_SOCKET=address,
+            WATCHDOG_USEC="2000000",  # a ping expected every second
+        )
+        proxied.wait(lambda: len(pings) >= 2, timeout=10, what="the first pings")
+        stalled_at = time.monotonic()
+        proxied.proxy.stall()
+        time.sleep(3 * ALIVE)  # holding the stall open: the children fence and die
+        proxied.proxy.unstall()
+        ended = time.monotonic()
+        during = [moment for moment in pings if stalled_at <= moment <= ended]
+        gaps = [
+            later - earlier for earlier, later in zip([stalled_at, *during], during, strict=False)
+        ]
+        # A statement timeout (a quarter of the threshold) and 2 s of margin, or a 2 s
+        # connection timeout, per turn of the loop, and the ping interval on top.
+        bound = 1.0 + ALIVE / 4 + 2.0 + 1.0
+        worst = max(gaps, default=ended - stalled_at)
+        proxied.expect(
+            worst <= bound,
+            f"the watchdog went {worst:.1f} s without a ping while the link stalled "
+            f"(bound {bound:.1f} s; gaps {[round(gap, 1) for gap in gaps]})",
+        )
+        proxied.recover(
+            lambda: len(proxied.fleet.family(supervisor).get("worker", [])) == 1,
+            since=ended,
+            bound=6 * ALIVE,
+            what="a worker to run again",
+        )
+        proxied.stop(supervisor)
+        proxied.conclude({})
+    finally:
+        stop.set()
+        collector.join(5)
+        listener.close()

@@ -115,3 +115,35 @@ def test_a_scheduler_that_cannot_work_is_reported_by_the_health_check(postgresql
         if running is not None:
             scheduler.request_stop()
             running.join(15)
+
+
+def test_the_queues_sessions_carry_a_name_and_timeouts_the_applications_do_not(postgresql):
+    from stalwart.db.session import bookkeeping
+
+    seen: dict[str, tuple] = {}
+
+    def bookkeeping_thread() -> None:
+        try:
+            bookkeeping(
+                "default",
+                application_name="stalwart:worker:4242",
+                statement_timeout=1.25,
+                lock_timeout=0.5,
+            )
+            with connections["default"].cursor() as cursor:
+                cursor.execute(
+                    "SELECT current_setting('application_name'), "
+                    "current_setting('statement_timeout'), current_setting('lock_timeout')"
+                )
+                seen["queue"] = cursor.fetchone()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=bookkeeping_thread)
+    thread.start()
+    thread.join(10)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('statement_timeout')")
+        seen["application"] = cursor.fetchone()
+    assert seen["queue"] == ("stalwart:worker:4242", "1250ms", "500ms")
+    assert seen["application"] == ("0",)  # set at connection: nothing leaks to other sessions

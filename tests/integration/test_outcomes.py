@@ -11,7 +11,7 @@ from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished
 
 from stalwart.db import Outcome
-from stalwart.db.deadline import _cut
+from stalwart.db.deadline import cut
 from stalwart.jobs import JobStore
 from stalwart.models import Job, Process
 from stalwart.processes.outcomes import OutcomeWriter
@@ -124,7 +124,7 @@ def test_an_outcome_whose_commit_answer_was_lost_is_reported_not_discarded(
         answer = execute(sql, params, many, context)  # committed (autocommit)...
         if "UPDATE stalwart_job" in sql and not lost:
             lost.append(sql)
-            _cut(connection)  # ...and the link goes down before the answer arrives
+            cut(connection)  # ...and the link goes down before the answer arrives
             message = "server closed the connection unexpectedly"
             raise OperationalError(message) from psycopg.OperationalError(message)
         return answer
@@ -331,7 +331,7 @@ def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
         # The second outcome, written alone after the first was (the batch met the lock).
         if "UPDATE stalwart_job" in sql and not cut and params and [by_id[second.id].id] in params:
             cut.append(sql)
-            _cut(connection)
+            cut(connection)
         return execute(sql, params, many, context)
 
     writer = OutcomeWriter(JobStore("default"), process="w", sender=object)

@@ -1,9 +1,10 @@
 """The process table: registration, heartbeats on the database clock, pruning by CAS."""
 
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import F
 from django.utils import timezone
 
@@ -103,3 +104,43 @@ def test_a_job_at_its_last_attempt_fails_when_its_process_dies():
     assert job.finished_at is not None
     assert "was killed by SIGKILL" in job.errors[-1]["traceback"]
     assert not Process.objects.filter(pk=worker.id).exists()
+
+
+def test_a_job_an_application_holds_does_not_stop_the_rest_of_the_prune(vendor, recorded_events):
+    if vendor != "postgresql":
+        pytest.skip("an application's row lock is PostgreSQL's")
+    blocked, free = register(), register()
+    locked_job, other_job = hold_a_job(blocked.id), hold_a_job(free.id)
+    age(blocked, 120)
+    age(free, 120)
+    ready, release = threading.Event(), threading.Event()
+
+    def application_holds_a_job_row() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute(
+                    "SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [locked_job.id]
+                )
+                ready.set()
+                release.wait(30)
+                cursor.execute("COMMIT")
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=application_holds_a_job_row)
+    holder.start()
+    try:
+        assert ready.wait(10)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")  # as the queue's sessions have
+        pruned = prune_dead_processes("default", threshold=60, exclude=None)
+    finally:
+        release.set()
+        holder.join(10)
+    assert [gone.id for gone in pruned] == [free.id]  # the other dead process was pruned...
+    assert Job.objects.get(pk=other_job.id).status == "ready"
+    assert Process.objects.filter(pk=blocked.id).exists()  # ...this one waits for a later turn
+    assert ("prune_deferred", blocked.name) in [
+        (action, fields.get("process")) for action, fields in recorded_events
+    ]

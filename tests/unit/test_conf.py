@@ -55,8 +55,8 @@ def test_command_line_overrides_replace_only_what_is_given():
         ({"workers": ["x"]}, "['workers'][0] must be a dict"),
         ({"heartbeat_interval": -1}, "['heartbeat_interval'] must be between"),
         (
-            {"heartbeat_interval": 10, "process_alive_threshold": 15},
-            "['process_alive_threshold'] (15 s) must be at least twice",
+            {"heartbeat_interval": 10, "process_alive_threshold": 25},
+            "['process_alive_threshold'] (25 s) must be at least three times",
         ),
         ({"max_arguments_size": True}, "['max_arguments_size'] must be a whole number"),
         ({"listen_notify": "yes"}, "['listen_notify'] must be True or False"),

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from django.db import connections
 
 
-def _cut(connection: object) -> None:
+def cut(connection: object) -> None:
+    """Shut down the socket of ``connection`` (a Django connection wrapper), from any thread:
+    a call blocked on it fails at once, as on a lost connection; nothing else is touched."""
     raw = getattr(connection, "connection", None)
     fileno = getattr(raw, "fileno", None)
     if fileno is None:
@@ -36,7 +38,7 @@ def deadline(alias: str, seconds: float) -> Iterator[None]:
     if connection.vendor != "postgresql":
         yield  # SQLite is a local file: no link to stall
         return
-    timer = threading.Timer(seconds, _cut, args=(connection,))
+    timer = threading.Timer(seconds, cut, args=(connection,))
     timer.daemon = True
     timer.start()
     try:

@@ -30,9 +30,12 @@ def is_transient(error: BaseException) -> bool:
     state = _sqlstate(cause)
     if state:
         return state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
-    # psycopg raises OperationalError without a SQLSTATE when the connection is lost.
-    package = type(cause).__module__.partition(".")[0]
-    return package == "psycopg" and type(cause).__name__ == "OperationalError"
+    # psycopg raises OperationalError (or a subclass: ConnectionTimeout) without a SQLSTATE
+    # when the connection is lost or cannot be made.
+    return any(
+        kind.__name__ == "OperationalError" and kind.__module__.partition(".")[0] == "psycopg"
+        for kind in type(cause).__mro__
+    )
 
 
 def is_unique_conflict(error: BaseException) -> bool:

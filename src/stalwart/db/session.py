@@ -1,30 +1,31 @@
 """The queue's own connections: named, and bounded in time.
 
 A thread that keeps the queue's books (a role's main loop, its heartbeat, the listener) calls
-``bookkeeping()`` once. From then on every connection that thread opens to the alias carries
-(on PostgreSQL) an ``application_name`` such as ``stalwart:worker:4242``, so operators see
-which process a session belongs to, and a ``statement_timeout`` and ``lock_timeout``, so no
-application transaction can wedge the queue's own writes: a wait ends in an error, which
-the caller retries or reports, instead of a process that hangs for ever. Its connections
-also get a ``connect_timeout``.
+``bookkeeping()`` once. From then on every connection that thread opens to the alias carries,
+on PostgreSQL, in its startup packet (so at no cost, and for the session's whole life):
+
+- an ``application_name`` such as ``stalwart:worker:4242``, so operators see which process a
+  session belongs to;
+- a ``statement_timeout`` and a ``lock_timeout``, so no application transaction can wedge the
+  queue's own writes: a wait ends in an error, which the caller retries or reports, instead
+  of a process that hangs for ever;
+- a ``connect_timeout``.
+
+They are startup parameters, not ``SET`` commands: behind a pooler in transaction mode a
+``SET`` would stay on the server connection and reach whichever client gets it next. A pooler
+that refuses the ``options`` parameter (PgBouncer does, unless told to ignore it) gets a
+connection without the timeouts (and one ``session_options_refused`` event).
 
 Job threads are left alone: their connections belong to the application's code.
 """
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
-from django.db.backends.signals import connection_created
 
-
-@dataclass(frozen=True, slots=True)
-class Session:
-    application_name: str
-    statement_timeout: float  # seconds
-    lock_timeout: float  # seconds
+from stalwart import events
 
 
 def bookkeeping(
@@ -34,25 +35,37 @@ def bookkeeping(
     statement_timeout: float,
     lock_timeout: float,
     on_statement: Callable[[], None] | None = None,
+    connect_timeout: int | None = None,
 ) -> None:
     """Make this thread's connections to ``alias`` bookkeeping sessions (see above).
 
     ``on_statement`` is called after every statement the thread runs there, whatever its
     outcome: a statement that returned is proof that the thread is not stuck.
+    ``connect_timeout``: seconds (2 at least, as libpq has it); by default the statement
+    timeout's.
     """
-    connection_created.connect(_on_connection_created, dispatch_uid="stalwart-bookkeeping")
     connection = connections[alias]
-    connection.stalwart_session = Session(application_name[:63], statement_timeout, lock_timeout)
     if connection.vendor == "postgresql":
         options = dict(connection.settings_dict.get("OPTIONS") or {})
         if "connect_timeout" not in options and not options.get("pool"):
-            options["connect_timeout"] = max(2, math.ceil(statement_timeout))
+            options["connect_timeout"] = max(2, connect_timeout or math.ceil(statement_timeout))
+        options.setdefault("application_name", application_name[:63])
+        server = (
+            f"-c statement_timeout={_milliseconds(statement_timeout)} "
+            f"-c lock_timeout={_milliseconds(lock_timeout)}"
+        )
+        options["options"] = f"{options['options']} {server}" if options.get("options") else server
         # A copy: the dict is shared by every thread's wrapper of this alias.
         connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+        _without_refused_options(connection)
+        if connection.connection is not None:
+            connection.close()  # the next statement opens a session with these parameters
     if on_statement is not None:
         connection.execute_wrappers.append(_calling_after(on_statement))
-    if connection.connection is not None:
-        apply_session(connection)
+
+
+def _milliseconds(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _calling_after(callback: Callable[[], None]) -> Callable[..., Any]:
@@ -65,22 +78,26 @@ def _calling_after(callback: Callable[[], None]) -> Callable[..., Any]:
     return wrapper
 
 
-def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
-    if getattr(connection, "stalwart_session", None) is not None:
-        apply_session(connection)
+def _without_refused_options(connection: Any) -> None:
+    """Connect without the ``options`` startup parameter if the server (a pooler) refuses
+    it, and remember to, rather than fail every connection."""
+    connect = connection.get_new_connection
 
-
-def apply_session(connection: Any) -> None:
-    session: Session = connection.stalwart_session
-    if connection.vendor != "postgresql":
-        return  # SQLite waits for locks as long as OPTIONS['timeout'] says; it has no names
-    with connection.connection.cursor() as cursor:  # the raw cursor: no execute wrappers
-        cursor.execute(
-            "SELECT set_config('application_name', %s, false), "
-            "set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
-            [
-                session.application_name,
-                f"{max(1, round(session.statement_timeout * 1000))}ms",
-                f"{max(1, round(session.lock_timeout * 1000))}ms",
-            ],
+    def get_new_connection(conn_params: dict) -> Any:
+        try:
+            return connect(conn_params)
+        except Exception as error:
+            if "options" not in conn_params or "unsupported startup parameter" not in str(error):
+                raise
+        options = dict(connection.settings_dict["OPTIONS"])
+        options.pop("options", None)
+        connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+        events.emit(
+            "session_options_refused",
+            application_name=conn_params.get("application_name"),
+            reason="the server (a pooler?) refuses the 'options' startup parameter: the "
+            "queue's statement_timeout and lock_timeout are not set on its connections",
         )
+        return connect({key: value for key, value in conn_params.items() if key != "options"})
+
+    connection.get_new_connection = get_new_connection

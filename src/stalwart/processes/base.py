@@ -23,6 +23,7 @@ from django.db import connections
 
 from stalwart import events
 from stalwart.conf import Options
+from stalwart.db.deadline import cut
 from stalwart.db.session import bookkeeping
 from stalwart.processes import forking
 from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
@@ -43,6 +44,8 @@ class Role:
     # The supervisor beats from its own loop: it forks, and must hold no connection in
     # another thread when it does.
     heartbeat_in_thread: ClassVar[bool] = True
+    # Seconds a connection attempt may take (None: as long as a statement may run).
+    connect_timeout: ClassVar[int | None] = None
 
     def __init__(
         self,
@@ -72,6 +75,8 @@ class Role:
         # something else: it may set signal dispositions and be ended by the kernel.
         self.owns_process = owns_process
         self.outage = Outage(self.database, process=self.name)
+        self._main_connection: Any = None  # the main loop's connection wrapper
+        self._thread: threading.Thread | None = None  # the main loop's thread
         self.liveness = Liveness(limit=config.process_alive_threshold / 2)
 
     # -- control -----------------------------------------------------------------------------
@@ -92,6 +97,9 @@ class Role:
         forking.tell_parent(forking.FENCED)
         events.emit("process_fenced", process=self.name, reason=reason)
         self.request_stop(immediate=True)
+        if self._main_connection is not None and threading.current_thread() is not self._thread:
+            # A main loop blocked on a stalled link would never see the stop: cut the link.
+            cut(self._main_connection)
 
     def install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -146,12 +154,16 @@ class Role:
     def open_session(self, thread: str = "", *, main: bool = False) -> None:
         """Make this thread's connection a bookkeeping session (see ``stalwart.db.session``);
         statements of the main loop count as its progress."""
+        if main:
+            self._main_connection = connections[self.database]
+            self._thread = threading.current_thread()
         bookkeeping(
             self.database,
             application_name=self.application_name(thread),
             statement_timeout=self.config.statement_timeout,
             lock_timeout=self.config.lock_timeout,
             on_statement=self.liveness.progressed if main else None,
+            connect_timeout=self.connect_timeout,
         )
 
     def step[T](self, work: Callable[[], T]) -> T:

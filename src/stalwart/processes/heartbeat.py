@@ -118,6 +118,8 @@ class Heartbeat(threading.Thread):
                 self.outage.failed(error)
                 continue
             self.outage.succeeded()
+            if self._stop_event.is_set():
+                return  # a beat that came back after the stop: its row may be gone by now
             if not alive:
                 self.on_fenced("its process row is gone (pruned as dead)")
                 return

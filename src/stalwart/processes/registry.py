@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import Error as DatabaseFailure
 from django.db import connections, transaction
 from django.db.models.functions import Now
 
 from stalwart import events
 from stalwart.db import Death, Released
+from stalwart.db.errors import is_lock_wait
 from stalwart.db.retry import retry_transient
 from stalwart.jobs import JobStore
 from stalwart.models import Process
@@ -57,9 +59,12 @@ class Registration:
         return self.id
 
     def heartbeat(self, metadata: dict[str, Any]) -> bool:
+        """Stamp our row (database clock); False if it is gone, or marked leaving (a beat
+        late for the stop must not undo that mark)."""
         updated = (
             Process.objects.using(self.database)
             .filter(id=self.id)
+            .exclude(metadata__has_key=LEAVING)
             .update(last_heartbeat_at=Now(), metadata=metadata)
         )
         return updated == 1
@@ -143,7 +148,17 @@ def prune_dead_processes(
                     death=Death.NONE if metadata.get(LEAVING) else Death.SILENCE,
                 )
 
-        released = retry_transient(database, prune_one, what="prune a dead process", conflicts=True)
+        try:
+            released = retry_transient(
+                database, prune_one, what="prune a dead process", conflicts=True, lock_waits=False
+            )
+        except DatabaseFailure as error:
+            if not is_lock_wait(error):
+                raise
+            # An application's transaction holds one of its jobs: the others go on; this
+            # one is pruned at a later turn.
+            events.emit("prune_deferred", process=name, error=str(error).strip())
+            continue
         if released is not None:
             pruned.append(GoneProcess(process_id, kind, name, pid, hostname, released))
     return pruned

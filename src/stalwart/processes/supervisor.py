@@ -79,6 +79,8 @@ def describe_exit(status: int) -> str:
 class Supervisor(Role):
     kind = "supervisor"
     heartbeat_in_thread = False
+    # Its loop must keep reaping and pinging the watchdog while a link stalls: the shortest.
+    connect_timeout = 2
 
     def __init__(self, *, config: Options, slots: list[ChildSlot], **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
@@ -95,7 +97,8 @@ class Supervisor(Role):
         # Process groups of dead children, and when to KILL what is left in them.
         self._groups: dict[int, float] = {}
         # A call to the database that takes longer has met a stalled link: it is cut.
-        self._call_deadline = config.statement_timeout + max(config.heartbeat_interval, 1.0)
+        self._call_deadline = config.statement_timeout + 2.0
+        self._database_retry_at = 0.0  # while an outage backs off: when to try again
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -122,10 +125,10 @@ class Supervisor(Role):
         try:
             while not self.stop_requested:
                 self._reap()
-                self._retry_clean_ups()
+                self._ping_watchdog()
                 self._end_groups()
+                self._database_turn()
                 self._restart_due()
-                self._maintain()
                 self._show_state()
                 self.waker.wait(self._sleep_time())
         except BaseException:
@@ -141,47 +144,63 @@ class Supervisor(Role):
         now = time.monotonic()
         deadlines = [self._next_beat, *self._groups.values()]
         deadlines += [slot.restart_at for slot in self.slots if slot.pid is None]
+        if self._pending_clean_ups:
+            deadlines.append(self._database_retry_at)
         if self._watchdog:
             deadlines.append(self._next_watchdog)
         return min(max(min(deadlines) - now, 0.01), 1.0)
 
-    def _maintain(self, *, chores: bool = True) -> None:
-        """Watchdog pings, heartbeats, pruning: each database call under a deadline, a
-        failure an outage to wait out (never a reason to stop the tree)."""
+    def _ping_watchdog(self) -> None:
+        """systemd's watchdog hears from us at each turn of the loop, whatever the database
+        does: the loop turns at least once a second, and a call to the database blocks it
+        for at most a connection timeout or a call deadline."""
         now = time.monotonic()
         if self._watchdog and now >= self._next_watchdog:
             systemd.notify("WATCHDOG=1")
             self._next_watchdog = now + self._watchdog
-        if now < self._next_beat:
+
+    def _database_turn(self, *, chores: bool = True) -> None:
+        """Everything the supervisor asks of the database, once per turn: the clean-ups of
+        dead children, its heartbeat, pruning. Each call has a deadline; the first failure
+        is an outage to wait out (never a reason to stop the tree), and ends the turn, so a
+        stalled link costs one deadline per backoff, not one per call."""
+        now = time.monotonic()
+        if now < self._database_retry_at:
             return
-        self._next_beat = now + self.config.heartbeat_interval
         try:
-            with deadline(self.database, self._call_deadline):
-                if not self.registration.heartbeat(self.metadata()):
-                    # Pruned while we lived (a long outage): our children are alive and
-                    # beating; take a new row rather than stop them.
-                    old = self.registration.id
-                    self.registration.reregister(self.metadata())
-                    events.emit(
-                        "process_reregistered",
-                        process=self.name,
-                        old_id=old,
-                        id=self.registration.id,
-                    )
-            if chores:
-                with deadline(self.database, self._call_deadline):
-                    prune_under_lease(
-                        self.database,
-                        holder=self.name,
-                        threshold=self.config.process_alive_threshold,
-                        interval=self.config.heartbeat_interval,
-                        exclude=self.registration.id,
-                    )
+            self._clean_up_all()
+            if now >= self._next_beat:
+                self._next_beat = now + self.config.heartbeat_interval
+                self._beat()
+                if chores:
+                    # Children that died meanwhile are reaped and cleaned up first: a dead
+                    # child is the supervisor's to release, not a pruner's.
+                    self._reap()
+                    self._clean_up_all()
+                    with deadline(self.database, self._call_deadline):
+                        prune_under_lease(
+                            self.database,
+                            holder=self.name,
+                            threshold=self.config.process_alive_threshold,
+                            interval=self.config.heartbeat_interval,
+                            exclude=self.registration.id,
+                        )
         except DatabaseFailure as error:
-            delay = self.outage.failed(error)
-            self._next_beat = time.monotonic() + min(delay, self.config.heartbeat_interval)
+            self._database_retry_at = time.monotonic() + self.outage.failed(error)
+            self._next_beat = min(self._next_beat, self._database_retry_at)
             return
         self.outage.succeeded()
+
+    def _beat(self) -> None:
+        with deadline(self.database, self._call_deadline):
+            if self.registration.heartbeat(self.metadata()):
+                return
+            # Pruned while we lived (a long outage): our children are alive and beating;
+            # take a new row rather than stop them.
+            old = self.registration.id
+            self.registration.reregister(self.metadata())
+            self._ids.add(self.registration.id)
+        events.emit("process_reregistered", process=self.name, old_id=old, id=self.registration.id)
 
     # -- children ----------------------------------------------------------------------------
 
@@ -225,22 +244,25 @@ class Supervisor(Role):
             slot = next((slot for slot in self.slots if slot.pid == pid), None)
             self._child_exited(pid, status, slot)
 
+    def _clean_up_all(self) -> None:
+        """Release what dead children held and drop their rows, oldest first. The child is
+        dead for sure, so releasing its jobs late is still safe; a failure (an outage)
+        leaves the rest for a later turn."""
+        while self._pending_clean_ups:
+            self._clean_up_after(*self._pending_clean_ups[0])
+            self._pending_clean_ups.pop(0)
+
     def _clean_up_after(
         self, pid: int, how: str, kind: str, expected: bool = False, death: Death = Death.CRASH
-    ) -> bool:
-        """Release what a dead child held and drop its row; False if the database is away."""
-        try:
-            with deadline(self.database, self._call_deadline):
-                gone = remove_reaped_child(
-                    self.database,
-                    supervisors=sorted(self._ids),
-                    pid=pid,
-                    cause=f"died: it {how}",
-                    death=death,
-                )
-        except DatabaseFailure as error:
-            self.outage.failed(error)
-            return False  # the child is dead for sure: try again later
+    ) -> None:
+        with deadline(self.database, self._call_deadline):
+            gone = remove_reaped_child(
+                self.database,
+                supervisors=sorted(self._ids),
+                pid=pid,
+                cause=f"died: it {how}",
+                death=death,
+            )
         released = [job for process in gone for job in process.released]
         events.emit(
             "child_exited" if expected else "process_exited",
@@ -250,13 +272,6 @@ class Supervisor(Role):
             released=sum(1 for job in released if not job.failed),
             failed=sum(1 for job in released if job.failed),
         )
-        return True
-
-    def _retry_clean_ups(self) -> None:
-        # The child is dead for sure, so releasing its jobs late is still safe.
-        self._pending_clean_ups = [
-            entry for entry in self._pending_clean_ups if not self._clean_up_after(*entry)
-        ]
 
     def _end_groups(self, *, now: bool = False) -> None:
         """KILL what is left in dead children's process groups once their grace is over."""
@@ -280,9 +295,11 @@ class Supervisor(Role):
         # Whatever its jobs started does not outlive it.
         if end_group(pid, signal.SIGTERM):
             self._groups[pid] = time.monotonic() + GROUP_GRACE
-        entry = (pid, how, kind, expected, Death.NONE if on_its_own else Death.CRASH)
-        if not self._clean_up_after(*entry):
-            self._pending_clean_ups.append(entry)
+        # Its row and jobs are dealt with in the loop's database turn: reaping never waits on
+        # the database.
+        self._pending_clean_ups.append(
+            (pid, how, kind, expected, Death.NONE if on_its_own else Death.CRASH)
+        )
         if slot is None:
             return
         lived = time.monotonic() - slot.started_at
@@ -346,7 +363,8 @@ class Supervisor(Role):
                 self._signal_children(signal.SIGKILL)
                 stop_by = time.monotonic() + 10
             self._show_state()
-            self._maintain(chores=False)  # keep our row alive while the children drain
+            self._ping_watchdog()
+            self._database_turn(chores=False)  # our row alive while the children drain
             self.waker.wait(0.2)
         group_grace_over = time.monotonic() + GROUP_GRACE
         while self._groups and time.monotonic() < group_grace_over:
@@ -356,7 +374,8 @@ class Supervisor(Role):
         self._end_groups(now=True)
         give_up_at = time.monotonic() + 30
         while self._pending_clean_ups and time.monotonic() < give_up_at:
-            self._retry_clean_ups()
+            self._database_retry_at = 0.0  # no backoff left to respect: we are leaving
+            self._database_turn(chores=False)
             if self._pending_clean_ups:
                 self.waker.wait(1.0)
         if self.fenced_reason is not None:
