@@ -1,5 +1,7 @@
 """Fencing: a claim records owner and attempt; only the current holder's writes land."""
 
+from dataclasses import replace
+
 import pytest
 from django.tasks import TaskResultStatus
 
@@ -80,15 +82,19 @@ def test_release_only_touches_jobs_the_caller_holds():
     assert Job.objects.get(pk=job.id).status == "ready"
 
 
-def test_a_worker_whose_job_was_taken_discards_its_late_result(recorded_events):
+def test_a_worker_whose_job_was_taken_discards_its_late_result(backend, recorded_events):
     result = tasks.record.enqueue(label="slow", sleep=0.5)
-    worker = make_worker(threads=1)
+    # Heartbeats too rare to notice the prune before the job ends: its write does.
+    patient = replace(backend.config, heartbeat_interval=30, process_alive_threshold=120)
+    worker = make_worker(threads=1, config=patient)
     with worker_thread(worker):
         wait_for(lambda: Job.objects.filter(status="running").exists(), message="the claim")
-        # Someone else takes the job over while it runs (as a prune would).
+        # A prune takes the job over while it runs: the row goes, the job with it...
+        Process.objects.filter(pk=worker.registration.id).delete()
         JobStore("default").release_owner(
             owner=worker.registration.id, error_class="x.Died", error_text="taken over"
         )
+        # ...and another process claims it.
         Job.objects.filter(pk=result.id).update(status="running", owner=999, attempt=2)
         wait_for(
             lambda: any(action == "job_result_discarded" for action, _ in recorded_events),

@@ -325,12 +325,12 @@ def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
     locked, release = threading.Event(), threading.Event()
     holder = application_locks(second.id, locked, release)
     holder.start()
-    cut = []
+    cuts = []
 
     def cut_the_link_on_the_second(execute, sql, params, many, context):
         # The second outcome, written alone after the first was (the batch met the lock).
-        if "UPDATE stalwart_job" in sql and not cut and params and [by_id[second.id].id] in params:
-            cut.append(sql)
+        if "UPDATE stalwart_job" in sql and not cuts and params and [by_id[second.id].id] in params:
+            cuts.append(sql)
             cut(connection)
         return execute(sql, params, many, context)
 
@@ -344,7 +344,7 @@ def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
             pytest.raises(OperationalError),
         ):
             writer.flush(41, items)
-        assert cut, "the fault was not injected"
+        assert cuts, "the fault was not injected"
         assert Job.objects.get(pk=first.id).status == "successful"
     finally:
         release.set()
