@@ -38,6 +38,20 @@ def is_transient(error: BaseException) -> bool:
     )
 
 
+def is_connection_lost(error: BaseException) -> bool:
+    """The connection is gone, or cannot be made (as opposed to a statement that failed on
+    a working connection: a deadlock, a lock timeout)."""
+    if isinstance(error, InterfaceError):
+        return True
+    if not isinstance(error, DatabaseError):
+        return False
+    cause = error.__cause__ or error
+    state = _sqlstate(cause)
+    if state:
+        return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    return not isinstance(cause, sqlite3.Error) and is_transient(error)
+
+
 def is_unique_conflict(error: BaseException) -> bool:
     """A unique index refused a write (a racing twin): worth one more try, which will see it."""
     if not isinstance(error, IntegrityError):

@@ -1,13 +1,32 @@
 """Retrying whole transactions that failed for a transient reason, with jittered backoff."""
 
+import contextlib
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from django.db import DatabaseError, InterfaceError, connections
 
 from stalwart import events
-from stalwart.db.errors import is_lock_wait, is_transient, is_unique_conflict
+from stalwart.db.errors import is_connection_lost, is_lock_wait, is_transient, is_unique_conflict
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def lost_connections_to_the_caller() -> Iterator[None]:
+    """Within this block (on this thread), a lost or refused connection is not retried here:
+    the caller's own loop reconnects, with its outage's backoff and one log line. Six quick
+    tries would cost six connection timeouts on a stalled link, and a deadline cannot cut
+    a connection attempt. Other transient failures (a deadlock, a lock wait) are retried as
+    before."""
+    before = getattr(_local, "to_caller", False)
+    _local.to_caller = True
+    try:
+        yield
+    finally:
+        _local.to_caller = before
 
 
 def retry_transient[T](
@@ -35,8 +54,10 @@ def retry_transient[T](
         try:
             return operation()
         except (DatabaseError, InterfaceError) as error:
-            retryable = (is_transient(error) or (conflicts and is_unique_conflict(error))) and (
-                lock_waits or not is_lock_wait(error)
+            retryable = (
+                (is_transient(error) or (conflicts and is_unique_conflict(error)))
+                and (lock_waits or not is_lock_wait(error))
+                and not (getattr(_local, "to_caller", False) and is_connection_lost(error))
             )
             if connection.in_atomic_block or not retryable or attempt == attempts:
                 raise

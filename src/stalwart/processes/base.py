@@ -24,6 +24,7 @@ from django.db import connections
 from stalwart import events
 from stalwart.conf import Options
 from stalwart.db.deadline import cut
+from stalwart.db.retry import lost_connections_to_the_caller
 from stalwart.db.session import bookkeeping
 from stalwart.processes import forking
 from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
@@ -168,10 +169,12 @@ class Role:
 
     def step[T](self, work: Callable[[], T]) -> T:
         """Run one step of the main loop. A database failure is an outage, not a crash: the
-        connection is reset if broken, the outage logged once, and the loop waits its backoff;
-        then ``FAILED`` is returned. Anything else propagates."""
+        connection is reset if broken, the outage logged once, and the loop waits its backoff
+        (a lost connection is not retried within the step: the loop does it); then
+        ``FAILED`` is returned. Anything else propagates."""
         try:
-            value = work()
+            with lost_connections_to_the_caller():
+                value = work()
         except DatabaseFailure as error:
             self.pause(self.outage.failed(error))
             return FAILED

@@ -26,6 +26,7 @@ from stalwart import events
 from stalwart.conf import Options
 from stalwart.db import Death
 from stalwart.db.deadline import deadline
+from stalwart.db.retry import lost_connections_to_the_caller
 from stalwart.processes import systemd
 from stalwart.processes.base import EXIT_CRASHED, EXIT_FENCED, EXIT_RECYCLE, Role
 from stalwart.processes.forking import Forked, end_group, ended_on_its_own, fork_child
@@ -168,28 +169,34 @@ class Supervisor(Role):
         if now < self._database_retry_at:
             return
         try:
-            self._clean_up_all()
-            if now >= self._next_beat:
-                self._next_beat = now + self.config.heartbeat_interval
-                self._beat()
-                if chores:
-                    # Children that died meanwhile are reaped and cleaned up first: a dead
-                    # child is the supervisor's to release, not a pruner's.
-                    self._reap()
-                    self._clean_up_all()
-                    with deadline(self.database, self._call_deadline):
-                        prune_under_lease(
-                            self.database,
-                            holder=self.name,
-                            threshold=self.config.process_alive_threshold,
-                            interval=self.config.heartbeat_interval,
-                            exclude=self.registration.id,
-                        )
+            with lost_connections_to_the_caller():
+                self._database_calls(now, chores=chores)
         except DatabaseFailure as error:
             self._database_retry_at = time.monotonic() + self.outage.failed(error)
             self._next_beat = min(self._next_beat, self._database_retry_at)
             return
         self.outage.succeeded()
+
+    def _database_calls(self, now: float, *, chores: bool) -> None:
+        self._clean_up_all()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.config.heartbeat_interval
+        self._beat()
+        if not chores:
+            return
+        # Children that died meanwhile are reaped and cleaned up first: a dead child is the
+        # supervisor's to release, not a pruner's.
+        self._reap()
+        self._clean_up_all()
+        with deadline(self.database, self._call_deadline):
+            prune_under_lease(
+                self.database,
+                holder=self.name,
+                threshold=self.config.process_alive_threshold,
+                interval=self.config.heartbeat_interval,
+                exclude=self.registration.id,
+            )
 
     def _beat(self) -> None:
         with deadline(self.database, self._call_deadline):
