@@ -19,7 +19,8 @@ RUN = os.environ.setdefault("STALWART_TEST_RUN", str(os.getpid()))
 
 SECRET_KEY = "stalwart-tests-not-secret"  # noqa: S105 - test settings
 DEBUG = False
-USE_TZ = True
+# STALWART_USE_TZ=false: a project Stalwart must refuse to run (the check stalwart.E003).
+USE_TZ = os.environ.get("STALWART_USE_TZ", "true") != "false"
 TIME_ZONE = "UTC"
 INSTALLED_APPS = ["django.contrib.contenttypes", "stalwart", "tests.testapp"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

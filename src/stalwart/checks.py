@@ -7,6 +7,37 @@ from django.core import checks
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
+# Why USE_TZ = False is refused, for the system check and for the commands that run processes.
+USE_TZ_REQUIRED = (
+    "Stalwart needs USE_TZ = True: heartbeats, due times and retries are compared with the "
+    "database clock in UTC, and naive local times would prune live processes as dead and "
+    "crash the scheduler."
+)
+USE_TZ_HINT = "Set USE_TZ = True in your settings (Django's default)."
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Project-wide settings Stalwart cannot run with (reported once, not per backend)."""
+    if settings.USE_TZ or not uses_stalwart():
+        return []
+    return [checks.Error(USE_TZ_REQUIRED, hint=USE_TZ_HINT, id="stalwart.E003")]
+
+
+def uses_stalwart() -> bool:
+    """Whether some TASKS entry is a Stalwart backend (entries that fail to load are not)."""
+    from django.tasks import task_backends
+
+    from stalwart.backend import StalwartBackend
+
+    for alias in getattr(settings, "TASKS", {}):
+        try:
+            backend = task_backends[alias]
+        except Exception:  # noqa: BLE001, S112 - Django's own check reports broken backends
+            continue
+        if isinstance(backend, StalwartBackend):
+            return True
+    return False
+
 
 def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
     """Problems with one Stalwart backend's configuration, each naming its setting."""
