@@ -112,6 +112,11 @@ def flaky(context: TaskContext, failures: int) -> int:
     return context.attempt
 
 
+@stalwart.task(max_attempts=5, backoff=0)
+def echo_with_retries(*args, **kwargs) -> dict:
+    return {"args": list(args), "kwargs": kwargs}
+
+
 @stalwart.task(max_attempts=3, backoff=0)
 def always_fails() -> None:
     raise ConnectionError("never works")
