@@ -67,6 +67,7 @@ TASKS = {
             "dispatchers": [{"polling_interval": 0.1}],
             "scheduler": {"polling_interval": 0.2},
             "recurring": json.loads(os.environ.get("STALWART_RECURRING", "{}")),
+            "task_modules": json.loads(os.environ.get("STALWART_TASK_MODULES", "[]")),
         },
     },
     "limited": {
