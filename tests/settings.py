@@ -38,6 +38,9 @@ if VENDOR == "postgresql":
             "TEST": {"NAME": f"test_stalwart_{RUN}"},
         }
     }
+    if os.environ.get("STALWART_TEST_POOL") == "true":
+        # Django's connection pool (psycopg_pool): each process must build its own.
+        DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": 12, "timeout": 10}}
 elif VENDOR == "sqlite":
     _sqlite_file = str(Path(tempfile.gettempdir()) / f"stalwart-tests-{RUN}.sqlite3")
     DATABASES = {

@@ -12,6 +12,7 @@ class StalwartConfig(AppConfig):
 
         from stalwart import log
         from stalwart.checks import check_settings
+        from stalwart.processes import forking  # noqa: F401 - its at-fork hook, registered early
 
         log.install()
         checks.register(check_settings)

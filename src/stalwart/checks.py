@@ -75,8 +75,45 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
                     id="stalwart.W001",
                 )
             )
+    messages.extend(check_pool(backend, connection))
     messages.extend(check_recurring(backend))
     return messages
+
+
+def pool_size(pool: Any) -> int:
+    """The most connections Django's ``OPTIONS["pool"]`` lets one process open (psycopg_pool
+    defaults: ``min_size`` 4, ``max_size`` equal to ``min_size``)."""
+    if not isinstance(pool, dict):
+        return 4
+    minimum = pool.get("min_size", 4)
+    maximum = pool.get("max_size")
+    return maximum if isinstance(maximum, int) else minimum
+
+
+def check_pool(backend: Any, connection: Any) -> list[checks.CheckMessage]:
+    """A connection pool too small for a worker: its job threads would wait for connections.
+
+    Only job threads take connections from the pool; the queue's own (main loop, heartbeat,
+    LISTEN) bypass it (see ``stalwart.db.session``).
+    """
+    pool = connection.settings_dict.get("OPTIONS", {}).get("pool")
+    if connection.vendor != "postgresql" or not pool:
+        return []
+    needed = max(worker.threads for worker in backend.config.workers)
+    size = pool_size(pool)
+    if size >= needed:
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{backend.config.database!r}]['OPTIONS']['pool'] lets a process open "
+            f"{size} connections; a worker of TASKS[{backend.alias!r}] has {needed} job threads, "
+            "each of which may hold one.",
+            hint=f"Set the pool's 'max_size' to at least {needed} (each process has its own "
+            "pool), or the job threads past the limit wait for a connection and fail with "
+            "PoolTimeout.",
+            id="stalwart.W005",
+        )
+    ]
 
 
 def check_recurring(backend: Any) -> list[checks.CheckMessage]:
