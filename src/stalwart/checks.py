@@ -109,8 +109,8 @@ def check_pool(backend: Any, connection: Any) -> list[checks.CheckMessage]:
             f"{size} connections; a worker of TASKS[{backend.alias!r}] has {needed} job threads, "
             "each of which may hold one.",
             hint=f"Set the pool's 'max_size' to at least {needed} (each process has its own "
-            "pool), or the job threads past the limit wait for a connection and fail with "
-            "PoolTimeout.",
+            "pool), or a job thread past the limit waits for a connection, then fails its "
+            "job with OperationalError: couldn't get a connection.",
             id="stalwart.W005",
         )
     ]
