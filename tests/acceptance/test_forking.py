@@ -6,7 +6,6 @@ forked. Every process started is reaped; every wait is bounded.
 """
 
 import signal
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -25,28 +24,20 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 TROUBLE = ("action=process_fenced", "action=process_pruned", "action=process_exited")
 
 
-@pytest.fixture
-def supervisor() -> Iterator[list[Child]]:
-    """Holds the supervisor a test starts; kills its whole process group if the test fails."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        child.__exit__()
-
-
-def start_supervisor(started: list[Child], *args: str, children: int, **env: str) -> Child:
+def start(reaped: list[Child], *args: str, children: int, **env: str) -> Child:
+    """Start a supervisor (reaped whatever happens) and wait for its ``children``."""
     connections.close_all()
-    child = Child("queue", "supervise", *args, env=child_env(**env))
-    started.append(child)
+    supervisor = Child("queue", "supervise", *args, env=child_env(**env))
+    reaped.append(supervisor)
 
     def registered() -> bool:
-        if child.process.poll() is not None:
-            raise AssertionError(f"the supervisor exited early:\n{child.output}")
-        row = Process.objects.filter(pid=child.pid, kind="supervisor").first()
+        if supervisor.process.poll() is not None:
+            raise AssertionError(f"the supervisor exited early:\n{supervisor.output}")
+        row = Process.objects.filter(pid=supervisor.pid, kind="supervisor").first()
         return row is not None and Process.objects.filter(supervisor=row.id).count() == children
 
     wait_for(registered, timeout=30, message=f"a supervisor with {children} children")
-    return child
+    return supervisor
 
 
 def drain_and_stop(child: Child, count: int) -> None:
@@ -63,11 +54,11 @@ def drain_and_stop(child: Child, count: int) -> None:
         assert trouble not in child.output, child.output
 
 
-def test_children_of_a_supervisor_with_django_connection_pool_build_their_own(supervisor):
+def test_children_of_a_supervisor_with_django_connection_pool_build_their_own(reaped):
     if connection.vendor != "postgresql":
         pytest.skip("Django's connection pool is PostgreSQL's")
-    child = start_supervisor(
-        supervisor, "--processes", "3", "--threads", "2", children=5, STALWART_TEST_POOL="true"
+    child = start(
+        reaped, "--processes", "3", "--threads", "2", children=5, STALWART_TEST_POOL="true"
     )
     probes = [tasks.connection_pool_state.enqueue() for _ in range(3)]
     results = enqueue_many(tasks.record, [Call(label="pooled") for _ in range(600)])
@@ -86,13 +77,13 @@ def test_children_of_a_supervisor_with_django_connection_pool_build_their_own(su
     assert Execution.objects.values("pid").distinct().count() == 3
 
 
-def test_a_pool_the_supervisors_own_thread_uses_is_not_shared_with_its_children(supervisor):
+def test_a_pool_the_supervisors_own_thread_uses_is_not_shared_with_its_children(reaped):
     if connection.vendor != "postgresql":
         pytest.skip("Django's connection pool is PostgreSQL's")
     # A library's thread in the supervisor takes pooled connections and gives them back
     # all the time, so a pool is open (and may be reopened) whenever the supervisor forks.
-    child = start_supervisor(
-        supervisor,
+    child = start(
+        reaped,
         "--processes",
         "3",
         "--threads",
@@ -132,9 +123,9 @@ def test_a_pool_the_supervisors_own_thread_uses_is_not_shared_with_its_children(
     assert Execution.objects.filter(label="shared").count() == len(results)
 
 
-def test_a_supervisor_running_a_thread_forks_children_that_work(supervisor):
-    child = start_supervisor(
-        supervisor,
+def test_a_supervisor_running_a_thread_forks_children_that_work(reaped):
+    child = start(
+        reaped,
         "--processes",
         "2",
         "--threads",
