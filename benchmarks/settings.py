@@ -37,7 +37,12 @@ TASKS = {
     "default": {
         "BACKEND": "stalwart.backend.StalwartBackend",
         "QUEUES": [],
-        "OPTIONS": {"heartbeat_interval": 5, "process_alive_threshold": 30},
+        "OPTIONS": {
+            "heartbeat_interval": 5,
+            "process_alive_threshold": 30,
+            # Not an installed app's tasks module: workers load it only because it is listed.
+            "task_modules": ["benchmarks.tasks"],
+        },
     }
 }
 LOGGING = {

@@ -19,7 +19,8 @@ RUN = os.environ.setdefault("STALWART_TEST_RUN", str(os.getpid()))
 
 SECRET_KEY = "stalwart-tests-not-secret"  # noqa: S105 - test settings
 DEBUG = False
-USE_TZ = True
+# STALWART_USE_TZ=false: a project Stalwart must refuse to run (the check stalwart.E003).
+USE_TZ = os.environ.get("STALWART_USE_TZ", "true") != "false"
 TIME_ZONE = "UTC"
 INSTALLED_APPS = ["django.contrib.contenttypes", "stalwart", "tests.testapp"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -37,6 +38,9 @@ if VENDOR == "postgresql":
             "TEST": {"NAME": f"test_stalwart_{RUN}"},
         }
     }
+    if os.environ.get("STALWART_TEST_POOL") == "true":
+        # Django's connection pool (psycopg_pool): each process must build its own.
+        DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": 12, "timeout": 10}}
 elif VENDOR == "sqlite":
     _sqlite_file = str(Path(tempfile.gettempdir()) / f"stalwart-tests-{RUN}.sqlite3")
     DATABASES = {
@@ -66,6 +70,7 @@ TASKS = {
             "dispatchers": [{"polling_interval": 0.1}],
             "scheduler": {"polling_interval": 0.2},
             "recurring": json.loads(os.environ.get("STALWART_RECURRING", "{}")),
+            "task_modules": json.loads(os.environ.get("STALWART_TASK_MODULES", "[]")),
         },
     },
     "limited": {

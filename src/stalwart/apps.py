@@ -8,6 +8,11 @@ class StalwartConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core import checks
+
         from stalwart import log
+        from stalwart.checks import check_settings
+        from stalwart.processes import forking  # noqa: F401 - its at-fork hook, registered early
 
         log.install()
+        checks.register(check_settings)

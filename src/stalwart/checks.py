@@ -7,6 +7,37 @@ from django.core import checks
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
+# Why USE_TZ = False is refused, for the system check and for the commands that run processes.
+USE_TZ_REQUIRED = (
+    "Stalwart needs USE_TZ = True: heartbeats, due times and retries are compared with the "
+    "database clock in UTC, and naive local times would prune live processes as dead and "
+    "crash the scheduler."
+)
+USE_TZ_HINT = "Set USE_TZ = True in your settings (Django's default)."
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Project-wide settings Stalwart cannot run with (reported once, not per backend)."""
+    if settings.USE_TZ or not uses_stalwart():
+        return []
+    return [checks.Error(USE_TZ_REQUIRED, hint=USE_TZ_HINT, id="stalwart.E003")]
+
+
+def uses_stalwart() -> bool:
+    """Whether some TASKS entry is a Stalwart backend (entries that fail to load are not)."""
+    from django.tasks import task_backends
+
+    from stalwart.backend import StalwartBackend
+
+    for alias in getattr(settings, "TASKS", {}):
+        try:
+            backend = task_backends[alias]
+        except Exception:  # noqa: BLE001, S112 - Django's own check reports broken backends
+            continue
+        if isinstance(backend, StalwartBackend):
+            return True
+    return False
+
 
 def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
     """Problems with one Stalwart backend's configuration, each naming its setting."""
@@ -44,8 +75,45 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
                     id="stalwart.W001",
                 )
             )
+    messages.extend(check_pool(backend, connection))
     messages.extend(check_recurring(backend))
     return messages
+
+
+def pool_size(pool: Any) -> int:
+    """The most connections Django's ``OPTIONS["pool"]`` lets one process open (psycopg_pool
+    defaults: ``min_size`` 4, ``max_size`` equal to ``min_size``)."""
+    if not isinstance(pool, dict):
+        return 4
+    minimum = pool.get("min_size", 4)
+    maximum = pool.get("max_size")
+    return maximum if isinstance(maximum, int) else minimum
+
+
+def check_pool(backend: Any, connection: Any) -> list[checks.CheckMessage]:
+    """A connection pool too small for a worker: its job threads would wait for connections.
+
+    Only job threads take connections from the pool; the queue's own (main loop, heartbeat,
+    LISTEN) bypass it (see ``stalwart.db.session``).
+    """
+    pool = connection.settings_dict.get("OPTIONS", {}).get("pool")
+    if connection.vendor != "postgresql" or not pool:
+        return []
+    needed = max(worker.threads for worker in backend.config.workers)
+    size = pool_size(pool)
+    if size >= needed:
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{backend.config.database!r}]['OPTIONS']['pool'] lets a process open "
+            f"{size} connections; a worker of TASKS[{backend.alias!r}] has {needed} job threads, "
+            "each of which may hold one.",
+            hint=f"Set the pool's 'max_size' to at least {needed} (each process has its own "
+            "pool), or a job thread past the limit waits for a connection, then fails its "
+            "job with OperationalError: couldn't get a connection.",
+            id="stalwart.W005",
+        )
+    ]
 
 
 def check_recurring(backend: Any) -> list[checks.CheckMessage]:

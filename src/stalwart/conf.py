@@ -53,6 +53,9 @@ class Options:
     dispatchers: tuple[DispatcherOptions, ...] = (DispatcherOptions(),)
     scheduler: SchedulerOptions | None = field(default_factory=SchedulerOptions)
     recurring: tuple["RecurringTask", ...] = ()
+    # Modules of tasks outside the installed apps' tasks modules, imported before any task
+    # path is resolved (a task path read from the database is never imported itself).
+    task_modules: tuple[str, ...] = ()
     heartbeat_interval: float = 10.0
     process_alive_threshold: float = 60.0
     # The queue's own connections: no statement runs longer, no lock is waited on longer.
@@ -230,6 +233,22 @@ def _read_timeouts(reader: "_Reader", threshold: float) -> tuple[float, float]:
     return statement, lock
 
 
+def _read_task_modules(reader: "_Reader") -> tuple[str, ...]:
+    values = reader.get("task_modules", [])
+    where = reader.name("task_modules")
+    if not isinstance(values, list | tuple):
+        raise ConfigurationError(f"{where} must be a list of dotted module names, not {values!r}.")
+    for index, module in enumerate(values):
+        if not isinstance(module, str) or not all(
+            part.isidentifier() for part in module.split(".")
+        ):
+            raise ConfigurationError(
+                f"{where}[{index}] must be a dotted module name such as 'reports.jobs', "
+                f"not {module!r}."
+            )
+    return tuple(values)
+
+
 def read_options(alias: str, params: Mapping[str, Any]) -> Options:
     """Read ``TASKS[alias]["OPTIONS"]`` into an ``Options``; raise ``ConfigurationError``."""
     reader = _Reader(params.get("OPTIONS", {}), f"TASKS[{alias!r}]['OPTIONS']")
@@ -276,6 +295,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         dispatchers=dispatchers,
         scheduler=scheduler,
         recurring=recurring,
+        task_modules=_read_task_modules(reader),
         heartbeat_interval=heartbeat,
         process_alive_threshold=threshold,
         statement_timeout=statement_timeout,

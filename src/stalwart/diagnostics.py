@@ -62,6 +62,20 @@ def recurring_problems(backend: Any) -> list[str]:
     ]
 
 
+def task_module_problems() -> list[str]:
+    """Task modules of the project (apps' ``tasks``, recurring, ``task_modules``) that fail
+    to import: workers would fail every job of their tasks."""
+    from stalwart import catalog
+
+    loaded = catalog.load()
+    if loaded is None:
+        return []
+    return [
+        f"{where}: module {module!r} cannot be imported: {error}"
+        for module, (where, error) in loaded.failed.items()
+    ]
+
+
 def problem_entry(problem: str) -> str:
     key, _, reason = problem.partition(": ")
     return f"[{key!r}]: {reason}"
@@ -85,8 +99,9 @@ def system_check_warnings() -> list[str]:
 
 
 def all_problems(backend: Any) -> list[str]:
-    """Django's system checks (ours included), recurring entries, then the database."""
-    problems = system_check_problems() + recurring_problems(backend)
+    """Django's system checks (ours included), task modules, recurring entries, then the
+    database."""
+    problems = system_check_problems() + task_module_problems() + recurring_problems(backend)
     if backend.config.database in settings.DATABASES:
         problems += database_problems(backend.config.database)
     return problems

@@ -42,6 +42,18 @@ class TaskNotFound(Exception):
         super().__init__(f"{path!r} {reason}")
 
 
+class InvalidStoredArguments(Exception):
+    """Recorded as a job's error when its stored ``args`` or ``kwargs`` cannot be a call's
+    arguments (the row was written or changed outside ``enqueue()``): never retried."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        super().__init__(
+            f"The job's stored arguments cannot be passed to its task: {problem}. Enqueue "
+            "never stores them so; the row was changed by hand, and no retry can fix it."
+        )
+
+
 class ProcessDied(Exception):
     """Recorded as a job's error when the process running it died."""
 

@@ -39,6 +39,7 @@ _LEVELS = {
     "jobs_reconciled": logging.WARNING,
     "outcome_not_stored": logging.ERROR,
     "recurring_task_invalid": logging.ERROR,
+    "task_module_failed": logging.ERROR,
     "database_retry": logging.WARNING,
     "process_started": logging.INFO,
     "process_registered": logging.DEBUG,

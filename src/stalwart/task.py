@@ -24,11 +24,16 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Ta
 from django.tasks.base import DEFAULT_TASK_PRIORITY
 from django.tasks.exceptions import InvalidTask
 
-from stalwart.exceptions import InvalidTaskArguments, TaskNotFound, TransactionLeftOpen
+from stalwart.exceptions import (
+    InvalidStoredArguments,
+    InvalidTaskArguments,
+    TaskNotFound,
+    TransactionLeftOpen,
+)
 from stalwart.serialization import normalize
 
 # Failures a retry cannot cure: the same call would fail the same way again.
-NEVER_RETRIED = (InvalidTaskArguments, TaskNotFound, TransactionLeftOpen)
+NEVER_RETRIED = (InvalidStoredArguments, InvalidTaskArguments, TaskNotFound, TransactionLeftOpen)
 
 
 @dataclass(frozen=True, slots=True)

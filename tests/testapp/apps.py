@@ -12,3 +12,7 @@ class TestAppConfig(AppConfig):
         from tests.faults import hooks
 
         hooks.install()
+        # A library-style thread in every process (STALWART_TEST_BACKGROUND_THREAD).
+        from tests.testapp import background
+
+        background.install()

@@ -112,6 +112,11 @@ def flaky(context: TaskContext, failures: int) -> int:
     return context.attempt
 
 
+@stalwart.task(max_attempts=5, backoff=0)
+def echo_with_retries(*args, **kwargs) -> dict:
+    return {"args": list(args), "kwargs": kwargs}
+
+
 @stalwart.task(max_attempts=3, backoff=0)
 def always_fails() -> None:
     raise ConnectionError("never works")
@@ -330,3 +335,21 @@ def overruns_recorded(context: TaskContext, seconds: float = 4.0) -> None:
 def gate_with_timeout() -> bool:
     """Waits at ``GATE`` (well within its 2 s timeout, if the test opens it in time)."""
     return GATE.wait(10)
+
+
+@task
+def connection_pool_state() -> dict:
+    """Whether this job's connection comes from Django's pool (PostgreSQL only), and how many
+    connections this process has taken from its pool so far."""
+    Execution.objects.exists()  # take a connection first
+    pool = getattr(connection, "pool", None)
+    if pool is None:
+        return {"pooled": False, "requests": 0}
+    return {"pooled": True, "requests": pool.get_stats().get("requests_num", 0)}
+
+
+@task
+def background_thread_state() -> dict:
+    from tests.testapp import background
+
+    return background.ticker.state()

@@ -19,6 +19,12 @@ def test_defaults_work_for_a_small_app():
     assert str(config.workers[0].queues) == "*"
 
 
+def test_task_modules_are_read_in_order():
+    assert read({}).task_modules == ()
+    config = read({"task_modules": ["reports.jobs", "billing.tasks.nightly"]})
+    assert config.task_modules == ("reports.jobs", "billing.tasks.nightly")
+
+
 def test_worker_entries_are_read_in_order():
     config = read(
         {
@@ -61,6 +67,10 @@ def test_command_line_overrides_replace_only_what_is_given():
         ({"max_arguments_size": True}, "['max_arguments_size'] must be a whole number"),
         ({"listen_notify": "yes"}, "['listen_notify'] must be True or False"),
         ({"database": ""}, "['database'] must be a database alias"),
+        ({"task_modules": "reports.jobs"}, "['task_modules'] must be a list of dotted module"),
+        ({"task_modules": ["reports.jobs", 3]}, "['task_modules'][1] must be a dotted module"),
+        ({"task_modules": ["reports/jobs.py"]}, "['task_modules'][0] must be a dotted module"),
+        ({"task_modules": ["reports..jobs"]}, "['task_modules'][0] must be a dotted module"),
     ],
 )
 def test_invalid_options_name_the_setting(options, message):

@@ -16,6 +16,21 @@ from stalwart.cli.types import (
 )
 from stalwart.exceptions import ConfigurationError
 
+
+def refuse_unsupported_settings() -> None:
+    """Stop before any process starts on settings Stalwart cannot run with.
+
+    ``queue`` skips Django's system checks (workers must start fast), so the ones that would
+    make every process misbehave are repeated here.
+    """
+    from django.conf import settings
+
+    from stalwart.checks import USE_TZ_HINT, USE_TZ_REQUIRED
+
+    if not settings.USE_TZ:
+        raise CommandError(f"stalwart.E003: {USE_TZ_REQUIRED} {USE_TZ_HINT}")
+
+
 # -- work ------------------------------------------------------------------------------------
 
 
@@ -60,6 +75,7 @@ def work(command: Any, options: dict[str, Any]) -> int:
     from stalwart.processes.worker import Worker
 
     backend = get_backend(options["backend"])
+    refuse_unsupported_settings()
     configure_logging(options.get("verbosity", 1))
     config = backend.config
     if options.get("shutdown_timeout") is not None:
@@ -234,6 +250,7 @@ def supervise(command: Any, options: dict[str, Any]) -> int:
     from stalwart.processes.supervisor import Supervisor
 
     backend = get_backend(options["backend"])
+    refuse_unsupported_settings()
     configure_logging(options.get("verbosity", 1))
     config = supervised_config(backend.config, options)
     return Supervisor(config=config, slots=build_slots(config), owns_process=True).run()

@@ -1,6 +1,6 @@
 """Per-database SQL for the hot paths, chosen by the connection's vendor."""
 
-import weakref
+import functools
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -9,9 +9,8 @@ from stalwart.exceptions import ConfigurationError
 
 __all__ = ["ClaimedJob", "Death", "NewJob", "Outcome", "Released", "Statements", "statements_for"]
 
-_statements: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-
+@functools.cache
 def _statement_classes() -> dict[str, type[Statements]]:
     from stalwart.db.postgresql import PostgreSQLStatements
     from stalwart.db.sqlite import SQLiteStatements
@@ -20,14 +19,15 @@ def _statement_classes() -> dict[str, type[Statements]]:
 
 
 def statements_for(connection: BaseDatabaseWrapper) -> Statements:
-    """The statements for this connection's database."""
-    statements = _statements.get(connection)
+    """The statements for this connection's database, bound to this very connection.
+
+    Nothing here keeps the connection: a thread's connection object must be free to go with
+    its thread (what the statements cache is cached per database alias).
+    """
+    statements = _statement_classes().get(connection.vendor)
     if statements is None:
-        classes = _statement_classes()
-        if connection.vendor not in classes:
-            raise ConfigurationError(
-                f"Stalwart does not support the {connection.vendor!r} database of "
-                f"DATABASES[{connection.alias!r}]; use PostgreSQL or SQLite."
-            )
-        statements = _statements[connection] = classes[connection.vendor](connection)
-    return statements
+        raise ConfigurationError(
+            f"Stalwart does not support the {connection.vendor!r} database of "
+            f"DATABASES[{connection.alias!r}]; use PostgreSQL or SQLite."
+        )
+    return statements(connection)

@@ -7,7 +7,6 @@ fenced step: a statement that re-checks its condition in its ``WHERE`` clause.
 
 import json
 import uuid
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -167,23 +166,41 @@ class Released:
         return self.status == "failed"
 
 
-_converters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Caches are per database alias, never per connection: each thread has its own connection
+# object, and a cache entry that refers to one would keep it (and its socket) alive for ever.
+_converters: dict[tuple[str, tuple[str, ...]], tuple[list[list], list]] = {}
 
 
-def _row_converters(connection: BaseDatabaseWrapper, names: Sequence[str]) -> list[list]:
-    """Django's own converters for these Job columns on this connection (cached)."""
-    cache = _converters.setdefault(connection, {})
-    key = tuple(names)
-    if key not in cache:
+def _detached(converter: Any, connection: BaseDatabaseWrapper) -> Any:
+    """``converter``, holding no reference to ``connection``: a method of its ``ops`` is
+    bound again, at each call, to the ``ops`` of the connection that decodes."""
+    if getattr(converter, "__self__", None) is not connection.ops:
+        return converter
+    function = converter.__func__
+
+    def convert(value: Any, expression: Any, connection: BaseDatabaseWrapper) -> Any:
+        return function(connection.ops, value, expression, connection)
+
+    return convert
+
+
+def _row_converters(connection: BaseDatabaseWrapper, names: Sequence[str]) -> tuple[list, list]:
+    """Django's own converters for these Job columns on this database (cached per alias)."""
+    key = (connection.alias, tuple(names))
+    if key not in _converters:
         table = Job._meta.db_table
         per_column = []
         for name in names:
             column = Job._meta.get_field(name).get_col(table)
-            per_column.append(
-                connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            converters = connection.ops.get_db_converters(column) + column.get_db_converters(
+                connection
             )
-        cache[key] = (per_column, [Job._meta.get_field(name).get_col(table) for name in names])
-    return cache[key]
+            per_column.append([_detached(converter, connection) for converter in converters])
+        _converters[key] = (
+            per_column,
+            [Job._meta.get_field(name).get_col(table) for name in names],
+        )
+    return _converters[key]
 
 
 def decode_rows(connection: BaseDatabaseWrapper, names: Sequence[str], rows: Sequence) -> list:
@@ -238,7 +255,11 @@ NO_LIVE_OWNER = """
 
 
 class Statements:
-    """The protocol every database implements. Subclasses hold the SQL."""
+    """The protocol every database implements. Subclasses hold the SQL.
+
+    An instance is bound to one connection (one thread's) and cheap to make: take one from
+    ``statements_for(connection)`` when needed rather than keeping it.
+    """
 
     vendor: ClassVar[str]
     # Rows per INSERT statement, kept under the database's limit on parameters.
@@ -248,9 +269,11 @@ class Statements:
     # Whether finish_and_claim exists: outcomes written and jobs claimed in one statement.
     can_finish_and_claim: ClassVar[bool] = False
 
+    # The unique index's predicate as rendered for each database alias.
+    _unique_predicates: ClassVar[dict[str, str]] = {}
+
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
-        self._unique_predicate: str | None = None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -577,7 +600,8 @@ class Statements:
         ``ON CONFLICT`` must name the index's predicate; rendering it the way the migration
         did keeps the two identical on every database.
         """
-        if self._unique_predicate is None:
+        predicate = self._unique_predicates.get(self.connection.alias)
+        if predicate is None:
             from django.db.models.sql import Query
 
             from stalwart.models.job import UNIQUE_STATES
@@ -588,8 +612,9 @@ class Statements:
                 query.get_compiler(connection=self.connection), self.connection
             )
             editor = self.connection.SchemaEditorClass(self.connection)
-            self._unique_predicate = sql % tuple(editor.quote_value(p) for p in params)
-        return self._unique_predicate
+            predicate = sql % tuple(editor.quote_value(p) for p in params)
+            self._unique_predicates[self.connection.alias] = predicate
+        return predicate
 
     @staticmethod
     def unique_key_leaving(table: str, new_status: str, sibling: str) -> str:

@@ -16,7 +16,8 @@ They are startup parameters, not ``SET`` commands: behind a pooler in transactio
 that refuses the ``options`` parameter (PgBouncer does, unless told to ignore it) gets a
 connection without the timeouts (and one ``session_options_refused`` event).
 
-Job threads are left alone: their connections belong to the application's code.
+Job threads are left alone: their connections belong to the application's code. They alone
+use Django's connection pool, if ``OPTIONS["pool"]`` sets one up.
 """
 
 import math
@@ -47,7 +48,12 @@ def bookkeeping(
     connection = connections[alias]
     if connection.vendor == "postgresql":
         options = dict(connection.settings_dict.get("OPTIONS") or {})
-        if "connect_timeout" not in options and not options.get("pool"):
+        if options.pop("pool", None) and connection.connection is not None:
+            connection.close()  # give a pooled connection back before leaving the pool
+        # Bookkeeping sessions bypass Django's pool (OPTIONS["pool"]): a pool's connections
+        # are opened with the parameters of whichever thread built it, and are handed to any
+        # thread; these must carry the parameters below, and never reach application code.
+        if "connect_timeout" not in options:
             options["connect_timeout"] = max(2, connect_timeout or math.ceil(statement_timeout))
         options.setdefault("application_name", application_name[:63])
         server = (

@@ -1,9 +1,10 @@
 """Forking a child process that never returns into its parent's code.
 
-Before the fork the parent closes its database connections (a connection must never be
-shared across a fork). In the child, signal handlers are reset, the parent's death is
-wired to a TERM (``PR_SET_PDEATHSIG`` on Linux), the role runs, and the child ends with
-``os._exit``: whatever happens, it never runs the parent's shutdown code.
+Before the fork the parent closes its database connections and Django's connection pools
+(a connection must never be shared across a fork; each process builds its own pool). In
+the child, signal handlers are reset, the parent's death is wired to a TERM
+(``PR_SET_PDEATHSIG`` on Linux), the role runs, and the child ends with ``os._exit``:
+whatever happens, it never runs the parent's shutdown code.
 
 Each child leads its own process group, so that whatever its jobs start (and leave behind)
 can be ended with it (``end_group``). And each child tells its parent, through a pipe, when
@@ -11,6 +12,9 @@ it gives up the jobs it still runs on purpose: when it fences itself (``tell_par
 when its role returns. Only then are they given back uncharged. A child that is killed
 before either (by a signal, by a task's ``os._exit``, by its heartbeat's deadline while a
 task holds the GIL) says nothing: it died, and the death is charged.
+
+The child gets no copy of the parent's other threads. Libraries that run threads from
+import time must start them again in the child (``os.register_at_fork``) or lazily.
 """
 
 import contextlib
@@ -68,6 +72,56 @@ def _forget_inherited_connections() -> None:
         if connection.connection is not None:
             _inherited.append(connection.connection)
             connection.connection = None
+
+
+# Set while fork_child() forks: a child sees it set, and knows it is ours.
+_forking = {"now": False}
+
+
+def _forget_inherited_pools() -> None:
+    """In a child of ``fork_child()``, at once: put aside the Django connection pools
+    (``OPTIONS["pool"]``, PostgreSQL) it inherited, so it builds its own on first use.
+
+    The parent closed its pools before forking, but another of its threads may have opened
+    one again since: its connections may be the parent's, so it is never closed here, only
+    kept referenced (never finalised). This runs as an at-fork hook, registered when
+    Stalwart's app is ready, so before the hooks of most libraries that start their threads
+    again in the child: none of those threads can take a connection from the parent's pool.
+    """
+    if not _forking["now"]:
+        return
+    for connection in connections.all():
+        pools = getattr(type(connection), "_connection_pools", None)
+        if pools:
+            _inherited.extend(pools.values())
+            pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_pools)
+
+
+def _fork() -> int:
+    """``os.fork()``, telling the child's at-fork hooks that the fork is ours."""
+    _forking["now"] = True
+    try:
+        return os.fork()
+    finally:
+        _forking["now"] = False  # in the child too, once its at-fork hooks have run
+
+
+def _close_connections() -> None:
+    """Before a fork: no connection, no pool (nor its threads) for the child to share."""
+    connections.close_all()
+    close_pools()
+
+
+def close_pools() -> None:
+    """Close this process's Django connection pools (their connections and their threads);
+    each is built again on next use. Call only with every connection given back."""
+    for connection in connections.all():
+        pools = getattr(connection, "_connection_pools", None)
+        if pools and connection.alias in pools:
+            connection.close_pool()
 
 
 ENDED = b"E"  # what a child writes to its status pipe when its role returned
@@ -144,7 +198,7 @@ def end_descendants(grace: float = 2.0) -> None:
 
 def fork_child(run: Callable[[], int]) -> Forked:
     """Fork; the child runs ``run()`` and exits with its status."""
-    connections.close_all()
+    _close_connections()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     parent = os.getpid()
@@ -152,7 +206,7 @@ def fork_child(run: Callable[[], int]) -> Forked:
     # Stop signals wait (blocked) across the fork: in the child they must reach the child's
     # own handlers, never the parent's inherited ones.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    pid = os.fork()
+    pid = _fork()
     if pid:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         os.close(write_end)
@@ -195,6 +249,8 @@ def fork_child(run: Callable[[], int]) -> Forked:
         try:
             if ended:
                 tell_parent(ENDED)
+            with contextlib.suppress(Exception):  # end our pooled sessions, not drop them
+                close_pools()
             flush_logs()
         finally:
             os._exit(status)

@@ -18,7 +18,7 @@ from django.tasks.signals import task_started
 
 from stalwart import events, signals
 from stalwart.db import ClaimedJob, Outcome
-from stalwart.exceptions import TransactionLeftOpen
+from stalwart.exceptions import InvalidStoredArguments, TransactionLeftOpen
 from stalwart.models import JobStatus
 from stalwart.resolution import resolve_task
 from stalwart.results import bind_task, make_result, task_errors
@@ -138,6 +138,31 @@ def crashed_attempt(job: ClaimedJob, exception: BaseException) -> Finished:
     return Finished(job=job, outcome=outcome, result=None, duration=0.0, error=error)
 
 
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "a number"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def check_stored_arguments(job: ClaimedJob) -> None:
+    """Refuse ``args`` that are not a list and ``kwargs`` that are not a dict of names.
+
+    Unpacked as they are, a dict in ``args`` would pass its keys as positional arguments.
+    """
+    if not isinstance(job.args, list):
+        raise InvalidStoredArguments(f"args must be a JSON array, not {_json_type(job.args)}")
+    if not isinstance(job.kwargs, dict):
+        raise InvalidStoredArguments(f"kwargs must be a JSON object, not {_json_type(job.kwargs)}")
+    for key in job.kwargs:
+        if not isinstance(key, str):
+            raise InvalidStoredArguments(f"kwargs keys must be strings, not {key!r}")
+
+
 def run_job(job: ClaimedJob, sender: type) -> Finished:
     """Run one attempt of ``job`` in this thread and describe its outcome."""
     started = time.monotonic()
@@ -150,6 +175,7 @@ def run_job(job: ClaimedJob, sender: type) -> Finished:
                 run_after=job.run_after,
                 backend=job.backend,
             )
+            check_stored_arguments(job)
         except Exception as exception:  # noqa: BLE001 - an unrunnable job fails, the worker goes on
             return _failed(job, None, exception, started)
         result = make_result(
