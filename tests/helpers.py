@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from django.db import connection
+from django.db import connection, connections
 from django.tasks import task_backends
 
 from stalwart.conf import WorkerOptions
@@ -212,3 +212,50 @@ def register_processes(*ids: int) -> None:
     with connection.cursor() as cursor:
         for statement in connection.ops.sequence_reset_sql(no_style(), [Process]):
             cursor.execute(statement)
+
+
+class ApplicationTransaction:
+    """An application's transaction, in a thread and connection of its own: it runs
+    ``statements`` (SQL and parameters), then holds what they lock until ``end()``, when it
+    commits. Use it as a context manager, or ``begin()`` and ``end()`` mid-test."""
+
+    def __init__(self, *statements: tuple[str, list]) -> None:
+        self.statements = statements
+        self._holding = threading.Event()
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="test-application")
+
+    def _run(self) -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("BEGIN")
+                for sql, params in self.statements:
+                    cursor.execute(sql, params)
+                self._holding.set()
+                self._release.wait(60)
+                cursor.execute("COMMIT")
+        finally:
+            connections.close_all()
+
+    def begin(self) -> "ApplicationTransaction":
+        self._thread.start()
+        assert self._holding.wait(10), "the application's transaction did not begin"
+        return self
+
+    def end(self) -> None:
+        self._release.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def __enter__(self) -> "ApplicationTransaction":
+        return self.begin()
+
+    def __exit__(self, *exc: object) -> None:
+        self.end()
+
+
+def locking_job_row(job_id: Any) -> ApplicationTransaction:
+    """An application's transaction that holds a job's row (``SELECT … FOR UPDATE``)."""
+    return ApplicationTransaction(
+        ("SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [str(job_id)])
+    )

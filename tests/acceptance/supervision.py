@@ -22,7 +22,11 @@ def start_supervisor(*args: str, children: int, **env: str) -> Child:
         row = Process.objects.filter(pid=supervisor.pid, kind="supervisor").first()
         return row is not None and Process.objects.filter(supervisor=row.id).count() == children
 
-    wait_for(registered, timeout=30, message=f"a supervisor with {children} children")
+    try:
+        wait_for(registered, timeout=30, message=f"a supervisor with {children} children")
+    except BaseException:
+        supervisor.__exit__()  # killed and reaped, whole tree, before the failure propagates
+        raise
     return supervisor
 
 

@@ -9,13 +9,14 @@ import signal
 
 import psutil
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.db.models import Count
 from django.tasks import TaskResultStatus
 
 from stalwart import Call, enqueue_many
 from stalwart.models import Job, Process
-from tests.helpers import Child, child_env, wait_for
+from tests.acceptance.supervision import start_supervisor
+from tests.helpers import Child, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -26,17 +27,8 @@ TROUBLE = ("action=process_fenced", "action=process_pruned", "action=process_exi
 
 def start(reaped: list[Child], *args: str, children: int, **env: str) -> Child:
     """Start a supervisor (reaped whatever happens) and wait for its ``children``."""
-    connections.close_all()
-    supervisor = Child("queue", "supervise", *args, env=child_env(**env))
+    supervisor = start_supervisor(*args, children=children, **env)
     reaped.append(supervisor)
-
-    def registered() -> bool:
-        if supervisor.process.poll() is not None:
-            raise AssertionError(f"the supervisor exited early:\n{supervisor.output}")
-        row = Process.objects.filter(pid=supervisor.pid, kind="supervisor").first()
-        return row is not None and Process.objects.filter(supervisor=row.id).count() == children
-
-    wait_for(registered, timeout=30, message=f"a supervisor with {children} children")
     return supervisor
 
 

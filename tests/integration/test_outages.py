@@ -13,7 +13,7 @@ from stalwart.models import RecurringRun
 from stalwart.processes.scheduler import Scheduler
 from stalwart.recurring import read_recurring
 from stalwart.status import collect_status
-from tests.helpers import WorkerThread, wait_for
+from tests.helpers import ApplicationTransaction, WorkerThread, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,26 +74,12 @@ def test_a_scheduler_whose_connection_is_terminated_reconnects_and_keeps_ticking
 def test_a_scheduler_that_cannot_work_is_reported_by_the_health_check(postgresql, backend):
     config = every_second(backend)
     scheduler = Scheduler(config=config, scheduler=SchedulerOptions(polling_interval=0.1))
-    locked = threading.Event()
-    release = threading.Event()
-
-    def hold_the_table() -> None:
-        # An application transaction that keeps the scheduler's table locked.
-        try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute("BEGIN")
-                cursor.execute("LOCK TABLE stalwart_recurring_run IN ACCESS EXCLUSIVE MODE")
-                locked.set()
-                release.wait(30)
-                cursor.execute("COMMIT")
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold_the_table)
-    holder.start()
+    # An application transaction that keeps the scheduler's table locked.
+    application = ApplicationTransaction(
+        ("LOCK TABLE stalwart_recurring_run IN ACCESS EXCLUSIVE MODE", [])
+    ).begin()
     running = None
     try:
-        assert locked.wait(10)
         running = WorkerThread(scheduler).start()
 
         def reported() -> list[str]:
@@ -105,13 +91,11 @@ def test_a_scheduler_that_cannot_work_is_reported_by_the_health_check(postgresql
 
         problems = wait_for(reported, timeout=15, message="the failing scheduler to be reported")
         assert "lock timeout" in problems[0]
-        release.set()
-        holder.join(10)
+        application.end()
         wait_for(RecurringRun.objects.exists, timeout=10, message="a tick")
         wait_for(lambda: not reported(), timeout=10, message="the report to clear")
     finally:
-        release.set()
-        holder.join(10)
+        application.end()
         if running is not None:
             scheduler.request_stop()
             running.join(15)

@@ -20,6 +20,7 @@ from stalwart.processes.runner import Finished
 from stalwart.queues import QueueSelector
 from tests.helpers import (
     WorkerThread,
+    locking_job_row,
     make_worker,
     register_processes,
     wait_for,
@@ -148,29 +149,14 @@ def test_an_application_lock_on_a_job_row_does_not_stall_the_worker(vendor, reco
     gate = tasks.GATE
     gate.clear()
     blocked = tasks.wait_at_gate.enqueue()
-    locked = threading.Event()
-    release = threading.Event()
-
-    def lock_the_row() -> None:
-        try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute("BEGIN")
-                cursor.execute("SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [blocked.id])
-                locked.set()
-                release.wait(30)
-                cursor.execute("COMMIT")
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=lock_the_row)
+    application = locking_job_row(blocked.id)
     try:
         with worker_thread(threads=1):
             wait_for(
                 lambda: Job.objects.get(pk=blocked.id).status == "running",
                 message="the job to start",
             )
-            holder.start()
-            assert locked.wait(10)
+            application.begin()
             gate.set()  # it finishes while the application holds its row
             unrelated = tasks.add.enqueue(1, 1)
             wait_for(
@@ -180,17 +166,15 @@ def test_an_application_lock_on_a_job_row_does_not_stall_the_worker(vendor, reco
             )
             assert Job.objects.get(pk=blocked.id).status == "running"
             assert ("outcome_deferred", blocked.id) in deferrals(recorded_events)
-            release.set()
+            application.end()
             wait_for(
                 lambda: Job.objects.get(pk=blocked.id).status == "successful",
                 timeout=10,
                 message="the outcome to be written once the lock is gone",
             )
     finally:
-        release.set()
+        application.end()
         gate.clear()
-        if holder.is_alive():
-            holder.join(10)
 
 
 def test_an_application_enqueueing_a_unique_twin_does_not_hold_up_the_queue(
@@ -269,23 +253,6 @@ def test_a_worker_stopped_past_its_timeout_keeps_the_jobs_its_threads_still_run(
         gate.set()
 
 
-def application_locks(job_id, locked: threading.Event, release: threading.Event):
-    """A thread whose transaction holds the job's row until ``release`` is set."""
-
-    def hold() -> None:
-        try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute("BEGIN")
-                cursor.execute("SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [job_id])
-                locked.set()
-                release.wait(30)
-                cursor.execute("COMMIT")
-        finally:
-            connections.close_all()
-
-    return threading.Thread(target=hold)
-
-
 def test_a_timed_out_attempt_is_never_released_while_its_thread_runs(
     vendor, backend, recorded_events
 ):
@@ -294,17 +261,10 @@ def test_a_timed_out_attempt_is_never_released_while_its_thread_runs(
     result = tasks.overruns_recorded.enqueue(4.0)
     first = WorkerThread(make_worker(threads=1)).start()
     wait_for(lambda: Execution.objects.filter(job_id=result.id).exists(), message="the start")
-    locked, release = threading.Event(), threading.Event()
-    holder = application_locks(result.id, locked, release)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with locking_job_row(result.id):
         # The attempt times out at 1 s; its outcome waits on the lock; the worker stops.
         wait_for(lambda: first.worker.stop_requested, timeout=10, message="the time-out")
         first.join(15)
-    finally:
-        release.set()
-        holder.join(10)
     job = Job.objects.get(pk=result.id)
     assert first.worker.pool.busy == 1  # its thread still runs the attempt...
     assert (job.status, job.owner) == ("running", first.worker.registration.id)  # ...so ours
@@ -322,9 +282,7 @@ def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
     items = [success(by_id[result.id]) for result in (first, second)]
     for item, result in zip(items, (first, second), strict=True):
         object.__setattr__(item, "result", result)
-    locked, release = threading.Event(), threading.Event()
-    holder = application_locks(second.id, locked, release)
-    holder.start()
+    application = locking_job_row(second.id)
     cuts = []
 
     def cut_the_link_on_the_second(execute, sql, params, many, context):
@@ -338,7 +296,7 @@ def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
     try:
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '200ms'")  # as the queue's sessions have
-        assert locked.wait(10)
+        application.begin()
         with (
             connection.execute_wrapper(cut_the_link_on_the_second),
             pytest.raises(OperationalError),
@@ -347,8 +305,7 @@ def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
         assert cuts, "the fault was not injected"
         assert Job.objects.get(pk=first.id).status == "successful"
     finally:
-        release.set()
-        holder.join(10)
+        application.end()
     connection.close()
     writer.flush(41, [])
     discarded = [
@@ -363,26 +320,22 @@ def test_a_finished_job_whose_outcome_waits_is_not_timed_out(vendor, recorded_ev
         pytest.skip("an application's row lock is PostgreSQL's")
     tasks.GATE.clear()
     result = tasks.gate_with_timeout.enqueue()
-    locked, release = threading.Event(), threading.Event()
-    holder = application_locks(result.id, locked, release)
+    application = locking_job_row(result.id)
     try:
         with worker_thread(threads=1) as worker:
             wait_for(lambda: Job.objects.get(pk=result.id).status == "running", message="start")
-            holder.start()
-            assert locked.wait(10)
+            application.begin()
             tasks.GATE.set()  # it finishes at once, within its 2 s; its outcome waits
             time.sleep(2.5)  # holding the lock past the job's timeout
-            release.set()
+            application.end()
             wait_for(
                 lambda: Job.objects.get(pk=result.id).status == "successful",
                 message="its outcome to be written",
             )
             assert worker.exit_status == 0
     finally:
-        release.set()
+        application.end()
         tasks.GATE.clear()
-        if holder.is_alive():
-            holder.join(10)
     assert "job_timed_out" not in [action for action, _ in recorded_events]
 
 

@@ -1,10 +1,9 @@
 """The process table: registration, heartbeats on the database clock, pruning by CAS."""
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 
@@ -17,6 +16,7 @@ from stalwart.processes.registry import (
     remove_reaped_child,
 )
 from stalwart.queues import QueueSelector
+from tests.helpers import locking_job_row
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,31 +113,10 @@ def test_a_job_an_application_holds_does_not_stop_the_rest_of_the_prune(vendor, 
     locked_job, other_job = hold_a_job(blocked.id), hold_a_job(free.id)
     age(blocked, 120)
     age(free, 120)
-    ready, release = threading.Event(), threading.Event()
-
-    def application_holds_a_job_row() -> None:
-        try:
-            with connections["default"].cursor() as cursor:
-                cursor.execute("BEGIN")
-                cursor.execute(
-                    "SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [locked_job.id]
-                )
-                ready.set()
-                release.wait(30)
-                cursor.execute("COMMIT")
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=application_holds_a_job_row)
-    holder.start()
-    try:
-        assert ready.wait(10)
+    with locking_job_row(locked_job.id):
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '200ms'")  # as the queue's sessions have
         pruned = prune_dead_processes("default", threshold=60, exclude=None)
-    finally:
-        release.set()
-        holder.join(10)
     assert [gone.id for gone in pruned] == [free.id]  # the other dead process was pruned...
     assert Job.objects.get(pk=other_job.id).status == "ready"
     assert Process.objects.filter(pk=blocked.id).exists()  # ...this one waits for a later turn
