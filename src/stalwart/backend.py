@@ -13,6 +13,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from stalwart import events, signals
+from stalwart.calls import call_signature, check_call, check_importable
 from stalwart.conf import Options, read_options
 from stalwart.db import NewJob
 from stalwart.exceptions import TaskNotFound
@@ -41,6 +42,20 @@ class StalwartBackend(BaseTaskBackend):
         self.store = JobStore(self.config.database, notify=self.config.listen_notify)
 
     def validate_task(self, task: Task) -> None:
+        qualname = getattr(task.func, "__qualname__", "")
+        if "<locals>" in qualname:
+            # Django's sentence, and why: the worker finds a task by its module and name.
+            raise InvalidTask(
+                f"Task function must be defined at a module level: {qualname!r} is defined "
+                "inside a function, so a worker process could not import it."
+            )
+        if self.queues and task.queue_name not in self.queues:
+            allowed = ", ".join(repr(name) for name in sorted(self.queues))
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} is not valid for backend. TASKS[{self.alias!r}]"
+                f"['QUEUES'] allows {allowed}: add {task.queue_name!r} to it, or set it to [] "
+                "to allow any queue name."
+            )
         super().validate_task(task)
         validate_queue_name(task.queue_name)
 
@@ -68,6 +83,8 @@ class StalwartBackend(BaseTaskBackend):
         ids: Sequence[uuid.UUID] = (),
     ) -> list[TaskResult]:
         self.validate_task(task)
+        check_importable(task)
+        signature = call_signature(task)
         now = timezone.now()
         run_after = task.run_after
         scheduled = run_after is not None and run_after > now
@@ -83,6 +100,8 @@ class StalwartBackend(BaseTaskBackend):
         results: list[TaskResult] = []
         for index, (args, kwargs) in enumerate(calls):
             try:
+                if signature is not None:
+                    check_call(task, signature, args, kwargs)
                 plain_args, plain_kwargs = normalize_arguments(args, kwargs)
                 encoded_args, encoded_kwargs = encode_arguments(plain_args, plain_kwargs, limit)
             except InvalidTask as error:
