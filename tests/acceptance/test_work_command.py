@@ -110,6 +110,19 @@ def test_stop_when_empty_drains_and_exits():
         assert result.status == TaskResultStatus.SUCCESSFUL
 
 
+@pytest.mark.parametrize(("threads", "max_jobs"), [(1, 2), (4, 3)])
+def test_max_jobs_runs_that_many_jobs_whatever_the_threads_then_exits_4(threads, max_jobs):
+    for number in range(10):
+        tasks.record.enqueue(label=f"job-{number}", sleep=0.05)
+    with start_worker("--threads", str(threads), "--max-jobs", str(max_jobs)) as worker:
+        assert worker.wait(timeout=30) == 4, worker.output
+    assert Execution.objects.count() == max_jobs
+    assert Job.objects.filter(status="successful").count() == max_jobs
+    assert Job.objects.filter(status="ready").count() == 10 - max_jobs
+    assert "action=worker_recycling process=" in worker.output
+    assert f"reason=max_jobs jobs_done={max_jobs}" in worker.output
+
+
 @pytest.mark.parametrize("args", [("--help",), ("work", "--help")])
 def test_help_works(args):
     with Child("queue", *args) as child:

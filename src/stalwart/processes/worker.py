@@ -191,6 +191,10 @@ class Worker(Role):
         alone = self.pool.busy == 0
         if not alone and (self._isolated_waiting or self._running_isolated()):
             idle = 0  # an isolated job runs alone: none beside it, and none beside one waiting
+        if self.worker.max_jobs is not None:
+            # Jobs run, and jobs held (running, or finished and about to be written), count
+            # against max_jobs: a worker never claims past it, whatever its threads.
+            idle = max(0, min(idle, self.worker.max_jobs - self.jobs_done - len(self.held)))
         claimed = self.flush(claim=idle, isolated_first=alone and self._isolated_waiting)
         if alone and self._isolated_waiting and not any(job.isolated for job in claimed):
             self._isolated_waiting = False  # none was left for us: back to ordinary claims
