@@ -74,7 +74,10 @@ def test_check_names_each_broken_recurring_entry():
     )
     child = run("check", STALWART_RECURRING=recurring)
     assert child.process.returncode == 1
-    assert "error: TASKS['default']['OPTIONS']['recurring']['gone']:" in child.output
+    assert "error: stalwart.W004: TASKS['default']['OPTIONS']['recurring']['gone']:" in (
+        child.output
+    )
+    assert child.output.count("['gone']") == 1, child.output  # as an error, not twice
     assert "'fine'" not in child.output
 
 

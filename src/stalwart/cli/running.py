@@ -253,4 +253,17 @@ def supervise(command: Any, options: dict[str, Any]) -> int:
     refuse_unsupported_settings()
     configure_logging(options.get("verbosity", 1))
     config = supervised_config(backend.config, options)
+    refuse_broken_recurring(config)
     return Supervisor(config=config, slots=build_slots(config), owns_process=True).run()
+
+
+def refuse_broken_recurring(config: Any) -> None:
+    """The scheduler does not start with recurring entries it cannot read (stalwart.E006):
+    neither does the supervisor that would fork it, unless told to go without it."""
+    if config.scheduler is None or not config.recurring_errors:
+        return
+    raise CommandError(
+        "The scheduler cannot start: "
+        + " ".join(config.recurring_errors)
+        + " Fix OPTIONS['recurring'], or start without the scheduler (--no-scheduler)."
+    )

@@ -1,0 +1,106 @@
+"""Configuration mistakes a newcomer makes, seen from the commands they run: each gets a
+message that names the fix, at the right moment, and the rest of the site keeps working."""
+
+import json
+
+import pytest
+from django.db import connections
+
+from stalwart.models import Job, Process
+from tests.helpers import Child, child_env, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BAD_CRON = json.dumps(
+    {
+        "nightly": {"task": "tests.testapp.tasks.noop", "schedule": "61 * * * *"},
+        "hourly": {"task": "tests.testapp.tasks.noop", "schedule": "@hourly"},
+    }
+)
+
+
+def run(*args: str, **env: str) -> Child:
+    connections.close_all()
+    with Child(*args, env=child_env(**env)) as child:
+        child.wait(timeout=60)
+    return child
+
+
+def test_without_the_app_in_installed_apps_check_and_enqueue_name_the_fix():
+    # A project whose tasks are imported as its apps load (its signal receivers use them).
+    without_app = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings_without_app",
+        "STALWART_TEST_TASKS_AT_READY": "true",
+    }
+    check = run("check", **without_app)
+    assert check.process.returncode == 1, check.output
+    assert "(stalwart.E004) 'stalwart' is not in INSTALLED_APPS" in check.output
+    assert 'HINT: Add "stalwart" to INSTALLED_APPS' in check.output
+    assert "Traceback" not in check.output
+    shell = run(
+        "shell",
+        "--no-imports",
+        "-c",
+        "from tests.testapp import tasks\n"
+        "try:\n"
+        "    tasks.add.enqueue(1, 2)\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, error)\n",
+        **without_app,
+    )
+    assert shell.process.returncode == 0, shell.output
+    assert "ImproperlyConfigured 'stalwart' is not in INSTALLED_APPS" in shell.output
+    assert not Job.objects.exists()
+
+
+def test_a_bad_cron_expression_is_reported_and_stops_only_the_scheduler():
+    check = run("check", STALWART_RECURRING=BAD_CRON)
+    assert check.process.returncode == 1, check.output
+    assert "(stalwart.E006) TASKS['default']['OPTIONS']['recurring']['nightly']" in check.output
+    assert "Traceback" not in check.output
+
+    queue_check = run("queue", "check", STALWART_RECURRING=BAD_CRON)
+    assert queue_check.process.returncode == 1
+    assert queue_check.output.count("['nightly']") == 1, queue_check.output  # once
+
+    supervise = run("queue", "supervise", STALWART_RECURRING=BAD_CRON)
+    assert supervise.process.returncode == 1
+    assert "The scheduler cannot start: TASKS['default']['OPTIONS']['recurring']['nightly']" in (
+        supervise.output
+    )
+    assert "--no-scheduler" in supervise.output
+    assert "Traceback" not in supervise.output
+    assert not Process.objects.exists()
+
+    enqueued = run(
+        "queue",
+        "enqueue",
+        "tests.testapp.tasks.add",
+        "--args",
+        "[1, 2]",
+        STALWART_RECURRING=BAD_CRON,
+    )
+    assert enqueued.process.returncode == 0, enqueued.output
+    work = run("queue", "work", "--stop-when-empty", STALWART_RECURRING=BAD_CRON)
+    assert work.process.returncode == 0, work.output
+    assert Job.objects.get().status == "successful"
+
+    connections.close_all()
+    with Child(
+        "queue",
+        "supervise",
+        "--no-scheduler",
+        "--processes",
+        "1",
+        env=child_env(STALWART_RECURRING=BAD_CRON),
+    ) as supervisor:
+        wait_for(
+            lambda: (
+                supervisor.process.poll() is not None
+                or Process.objects.filter(kind="worker").exists()
+            ),
+            timeout=30,
+            message="the supervisor to start its worker",
+        )
+        supervisor.signal(15)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output
