@@ -104,3 +104,19 @@ def test_a_bad_cron_expression_is_reported_and_stops_only_the_scheduler():
         )
         supervisor.signal(15)
         assert supervisor.wait(timeout=30) == 0, supervisor.output
+
+
+def test_pausing_a_queue_nothing_uses_warns_that_it_may_be_misspelt():
+    misspelt = run("queue", "pause", "defualt")
+    assert misspelt.process.returncode == 0, misspelt.output
+    assert "Paused 'defualt'" in misspelt.output
+    assert "warning: no task, worker, recurring entry or job uses the queue 'defualt'" in (
+        misspelt.output
+    )
+    assert "the project's tasks name: default" in misspelt.output
+    for used in ("default", "other"):  # a task's queue; a name in TASKS['limited']['QUEUES']
+        paused = run(
+            "queue", "pause", used, "--backend", "limited" if used == "other" else "default"
+        )
+        assert paused.process.returncode == 0, paused.output
+        assert "warning" not in paused.output, paused.output

@@ -22,10 +22,18 @@ def pause(command: Any, options: dict[str, Any]) -> int:
     from stalwart import control
 
     get_backend(options["backend"])
-    if control.pause(options["queue_name"], backend=options["backend"]):
-        command.stdout.write(f"Paused {options['queue_name']!r}; running jobs will finish.")
+    name = options["queue_name"]
+    if control.pause(name, backend=options["backend"]):
+        command.stdout.write(f"Paused {name!r}; running jobs will finish.")
     else:
-        command.stdout.write(f"{options['queue_name']!r} was already paused.")
+        command.stdout.write(f"{name!r} was already paused.")
+    if not control.queue_users(name, backend=options["backend"]):
+        known = ", ".join(control.named_queues(backend=options["backend"])) or "none"
+        command.stderr.write(
+            f"warning: no task, worker, recurring entry or job uses the queue {name!r} "
+            f"(the project's tasks name: {known}). Misspelt? It is paused all the same; "
+            f"'queue resume {name}' undoes it."
+        )
     return 0
 
 
