@@ -1,9 +1,9 @@
 """``StalwartBackend``: Django's task backend API, with jobs stored in the database.
 
-The module loads without Stalwart's app installed (its models are imported when first
-used), so that a project that forgot ``"stalwart"`` in ``INSTALLED_APPS`` gets the system
-check ``stalwart.E004`` and an ``ImproperlyConfigured`` at enqueue that say so, not a
-``RuntimeError`` from deep in Django's model registry.
+The module loads without Stalwart's app installed (its models, and ``stalwart.db``, which
+needs them, are imported when first used), so that a project that forgot ``"stalwart"`` in
+``INSTALLED_APPS`` gets the system check ``stalwart.E004`` and an ``ImproperlyConfigured``
+at enqueue that say so, not a ``RuntimeError`` from deep in Django's model registry.
 """
 
 import uuid
@@ -93,6 +93,7 @@ class StalwartBackend(BaseTaskBackend):
     ) -> list[TaskResult]:
         require_app()
         from stalwart.db import NewJob
+        from stalwart.db.hints import noted
         from stalwart.models import JobStatus
         from stalwart.results import make_result
 
@@ -173,10 +174,11 @@ class StalwartBackend(BaseTaskBackend):
         if not rows:
             return []
         fresh = results
-        if guarded:
-            results, fresh = self._insert_guarded(task, rows, results)
-        else:
-            store.insert(rows)
+        with noted(self.config.database):  # a missing table says what to run, say
+            if guarded:
+                results, fresh = self._insert_guarded(task, rows, results)
+            else:
+                store.insert(rows)
         # Announce the jobs once they exist for everyone: at commit, or now in autocommit.
         transaction.on_commit(partial(self._send_enqueued, fresh), using=self.config.database)
         for result in fresh:

@@ -11,6 +11,7 @@ from django.core import checks
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from stalwart.db.hints import explain, migrate_command
 from stalwart.ticks import check_entry
 
 MIN_POSTGRESQL = (12, 0)  # MATERIALIZED common table expressions
@@ -24,7 +25,7 @@ def database_problems(alias: str) -> list[str]:
     try:
         connection.ensure_connection()
     except DatabaseError as error:
-        return [f"{where} cannot be reached: {str(error).strip()}"]
+        return [explain(error, alias)]
     problems = []
     if connection.vendor == "postgresql":
         version = divmod(connection.pg_version, 10000)
@@ -49,7 +50,7 @@ def database_problems(alias: str) -> list[str]:
     pending = executor.migration_plan(targets)
     if pending:
         names = ", ".join(f"{migration.app_label}.{migration.name}" for migration, _ in pending)
-        problems.append(f"{where} lacks migrations: {names}. Run 'python manage.py migrate'.")
+        problems.append(f"{where} lacks migrations: {names}. Run '{migrate_command(alias)}'.")
     return problems
 
 

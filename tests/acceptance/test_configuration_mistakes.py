@@ -120,3 +120,83 @@ def test_pausing_a_queue_nothing_uses_warns_that_it_may_be_misspelt():
         )
         assert paused.process.returncode == 0, paused.output
         assert "warning" not in paused.output, paused.output
+
+
+# -- database errors: the right hint, on one line -------------------------------------------
+
+
+def test_a_missing_database_is_named_as_such_and_not_retried(vendor):
+    if vendor != "postgresql":
+        pytest.skip("SQLite creates a missing database file")
+    child = run("queue", "retry", "--all", STALWART_DB_NAME="stalwart_no_such_database")
+    assert child.process.returncode == 1
+    assert (
+        "DATABASES['default'] names the database 'stalwart_no_such_database', which does not "
+        "exist on the server (PostgreSQL at 127.0.0.1:5432, database 'stalwart_no_such_database')"
+    ) in child.output
+    assert "Create it (createdb stalwart_no_such_database)" in child.output
+    assert "database_retry" not in child.output  # no retry can create it
+    assert "Traceback" not in child.output
+
+
+def test_a_database_that_cannot_be_reached_says_where_it_was_looked_for(vendor, tmp_path):
+    if vendor == "postgresql":
+        child = run("queue", "status", PGPORT="1")
+        where = "PostgreSQL at 127.0.0.1:1, database"
+    else:
+        missing = tmp_path / "no-such-directory" / "db.sqlite3"
+        child = run("queue", "status", STALWART_DB_NAME=str(missing))
+        where = f"the SQLite file '{missing}'"
+    assert child.process.returncode == 1
+    assert f"Cannot connect to DATABASES['default'], {where}" in child.output
+    assert "Traceback" not in child.output
+    assert len(child.output.strip().splitlines()) == 1, child.output
+
+
+def test_a_queue_in_another_database_says_migrate_database_alias(tmp_path):
+    queue = str(tmp_path / "queue.sqlite3")
+    check = run("queue", "check", STALWART_QUEUE_DATABASE=queue)
+    assert check.process.returncode == 1
+    assert "error: DATABASES['queue'] lacks migrations: stalwart.0001_initial" in check.output
+    assert "Run 'python manage.py migrate --database queue'." in check.output
+    status = run("queue", "status", STALWART_QUEUE_DATABASE=queue)
+    assert status.process.returncode == 1
+    assert (
+        f"Stalwart's tables are missing from DATABASES['queue'] (the SQLite file '{queue}'): "
+        "run 'python manage.py migrate --database queue'."
+    ) in status.output
+
+
+def test_an_outage_logs_one_line_when_it_starts_and_one_with_a_count_when_it_ends(tmp_path):
+    # A worker started before its queue's tables exist: it waits, saying so once, on one
+    # line (with the hint), and says when it is over, with how many tries failed.
+    queue = str(tmp_path / "queue.sqlite3")
+    connections.close_all()
+    with Child(
+        "queue", "work", "--poll-interval", "0.05", env=child_env(STALWART_QUEUE_DATABASE=queue)
+    ) as worker:
+        wait_for(
+            lambda: worker.output.count("action=database_unavailable") == 1,
+            timeout=30,
+            message="the worker to report the outage",
+        )
+        migrate = run("migrate", "--database", "queue", STALWART_QUEUE_DATABASE=queue)
+        assert migrate.process.returncode == 0, migrate.output
+        wait_for(
+            lambda: "action=database_recovered" in worker.output,
+            timeout=30,
+            message="the worker to report the end of the outage",
+        )
+        worker.signal(15)
+        assert worker.wait(timeout=30) == 0, worker.output
+    lines = worker.output.splitlines()
+    [unavailable] = [line for line in lines if "action=database_unavailable" in line]
+    assert 'error="OperationalError: no such table: stalwart_' in unavailable
+    assert "hint=\"Stalwart's tables are missing from DATABASES['queue']" in unavailable
+    assert "run 'python manage.py migrate --database queue'." in unavailable
+    [recovered] = [line for line in lines if "action=database_recovered" in line]
+    assert " failures=" in recovered
+    assert int(recovered.split(" failures=")[1].split()[0]) >= 1
+    # Every line is an event (no continuation lines), and the outage made no others.
+    assert all(" action=" in line for line in lines if line.strip()), worker.output
+    assert sum("WARNING" in line for line in lines) == 1, worker.output

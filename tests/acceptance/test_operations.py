@@ -59,7 +59,10 @@ def test_check_names_missing_migrations_or_an_unreachable_database(tmp_path: Pat
         expected = "DATABASES['default'] lacks migrations: stalwart.0001_initial"
     else:
         child = run("check", STALWART_DB_NAME="stalwart_no_such_database")
-        expected = "DATABASES['default'] cannot be reached"
+        expected = (
+            "DATABASES['default'] names the database 'stalwart_no_such_database', which does "
+            "not exist on the server"
+        )
     assert child.process.returncode == 1
     assert f"error: {expected}" in child.output
     assert "Traceback" not in child.output

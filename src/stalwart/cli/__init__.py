@@ -66,11 +66,17 @@ def run(command: Any, options: dict[str, Any]) -> int:
     except DatabaseError as error:
         if options.get("traceback"):
             raise
-        hint = ""
-        text = str(error).lower()
-        if "no such table" in text or "does not exist" in text:
-            hint = " Are Stalwart's tables there? Run 'python manage.py migrate'."
-        raise CommandError(f"The database said: {str(error).strip()}.{hint}") from None
+        from stalwart.db.hints import explain
+
+        raise CommandError(explain(error, _database_of(options))) from None
+
+
+def _database_of(options: dict[str, Any]) -> str:
+    """The database alias of the backend a subcommand was given (``default`` if unknown)."""
+    try:
+        return task_backends[options.get("backend") or DEFAULT_TASK_BACKEND_ALIAS].config.database
+    except Exception:  # noqa: BLE001 - the error being explained matters more
+        return "default"
 
 
 def get_backend(alias: str) -> Any:
