@@ -28,7 +28,6 @@ _PG_CONNECT_FAILURES = (
     "no such file or directory",
     "network is unreachable",
     "no route to host",
-    "server closed the connection",
 )
 
 
