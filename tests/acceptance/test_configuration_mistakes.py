@@ -200,3 +200,30 @@ def test_an_outage_logs_one_line_when_it_starts_and_one_with_a_count_when_it_end
     # Every line is an event (no continuation lines), and the outage made no others.
     assert all(" action=" in line for line in lines if line.strip()), worker.output
     assert sum("WARNING" in line for line in lines) == 1, worker.output
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_enqueue_with_positional_values_shows_its_own_usage_and_where_they_go():
+    child = run("queue", "enqueue", "tests.testapp.tasks.add", "5", "x")
+    assert child.process.returncode == 2
+    assert "queue enqueue [-h] [--backend BACKEND] [--args JSON]" in child.output
+    assert (
+        "queue enqueue: error: unrecognized arguments: 5 x (the task's arguments go in --args, "
+        """as a JSON array: --args '[5, "x"]')"""
+    ) in child.output
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("verb", ["retry", "discard", "run-now"])
+def test_a_task_path_that_matches_no_job_and_no_task_is_an_error(verb):
+    typo = run("queue", verb, "--task", "tests.testapp.tasks.ad")
+    assert typo.process.returncode == 1
+    assert (
+        "--task 'tests.testapp.tasks.ad' matches no job, and no task of the project: "
+        "'tests.testapp.tasks.ad' does not exist: module 'tests.testapp.tasks' has no 'ad'."
+    ) in typo.output
+    real = run("queue", verb, "--task", "tests.testapp.tasks.add")
+    assert real.process.returncode == 0, real.output
+    assert " 0 " in real.output

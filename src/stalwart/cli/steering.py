@@ -120,8 +120,25 @@ def _bulk(command: Any, options: dict[str, Any], verb: str, noun: str) -> int:
         dry_run=options["dry_run"],
         batch_size=options["batch_size"],
     )
+    if not done and options["task"]:
+        _refuse_unknown_task(options["task"])
     _report_count(command, options, done, verb, noun)
     return 0
+
+
+def _refuse_unknown_task(path: str) -> None:
+    """``--task`` selected nothing: say so if the path is no task either (a typo), rather
+    than report 0 jobs as if all were well. (The jobs of a task since removed are still
+    selected by its path.)"""
+    from stalwart.exceptions import TaskNotFound
+    from stalwart.resolution import resolve_task
+
+    try:
+        resolve_task(path)
+    except TaskNotFound as error:
+        raise CommandError(
+            f"--task {path!r} matches no job, and no task of the project: {path!r} {error.reason}."
+        ) from None
 
 
 @subcommand(
