@@ -14,13 +14,8 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("STALWART_DEMO_DB", BASE_DIR / "db.sqlite3"),
-        "OPTIONS": {
-            # Take the write lock at BEGIN, wait up to 20 s for it, and let readers and the
-            # writer work side by side (WAL).
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        },
+        # No OPTIONS: Stalwart gives the queue's SQLite connections what several processes
+        # need (WAL, IMMEDIATE transactions, a 20 s busy timeout).
     }
 }
 

@@ -135,14 +135,16 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
             )
         )
     if connection.vendor == "sqlite":
-        options = connection.settings_dict.get("OPTIONS", {})
-        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+        # Without the option, Stalwart makes it IMMEDIATE (stalwart.db.sqlite_defaults).
+        mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+        if mode is not None and str(mode).upper() != "IMMEDIATE":
             messages.append(
                 checks.Warning(
-                    f"DATABASES[{config.database!r}] is SQLite without "
-                    "OPTIONS['transaction_mode'] = 'IMMEDIATE'.",
+                    f"DATABASES[{config.database!r}] is SQLite with "
+                    f"OPTIONS['transaction_mode'] = {mode!r}, not 'IMMEDIATE'.",
                     hint="Transactions that read before they enqueue can fail with 'database "
-                    "is locked' while workers write; IMMEDIATE takes the write lock up front.",
+                    "is locked' while workers write; IMMEDIATE takes the write lock up front. "
+                    "Remove the option to have Stalwart set it.",
                     id="stalwart.W001",
                 )
             )
