@@ -101,6 +101,25 @@ def test_quit_ends_at_once_and_leaves_running_jobs_to_whoever_prunes_it():
     taken_back_and_run_once(result, "quit")
 
 
+def test_a_second_ctrl_c_stops_at_once_as_the_first_one_says():
+    result = tasks.record.enqueue(label="interrupted", sleep=30)
+    with start_worker("--shutdown-timeout", "60") as worker:
+        wait_for(lambda: running(result.id), message="the job to start")
+        worker.signal(signal.SIGINT)
+        wait_for(
+            lambda: "Press Ctrl-C again to stop now" in worker.output,
+            message="the first Ctrl-C to say how to stop now",
+        )
+        assert "Stopping: waiting up to 60 s for 1 running job to finish." in worker.output
+        assert worker.process.poll() is None  # draining
+        worker.signal(signal.SIGINT)
+        assert worker.wait(timeout=15) == 0, worker.output
+    # As QUIT: the job its thread was running goes back once the process has ended.
+    assert left_with_the_ended_process(result.id)
+    Job.objects.filter(pk=result.id).update(kwargs={"label": "interrupted", "sleep": 0})
+    taken_back_and_run_once(result, "interrupted")
+
+
 def test_stop_when_empty_drains_and_exits():
     results = [tasks.add.enqueue(i, i) for i in range(20)]
     with start_worker("--stop-when-empty") as worker:

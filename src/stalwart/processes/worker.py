@@ -388,6 +388,12 @@ class Worker(Role):
         events.emit(
             "process_stopping", process=self.name, running=self.pool.busy, immediate=self.immediate
         )
+        if self.pool.busy:
+            jobs = "job" if self.pool.busy == 1 else "jobs"
+            self.announce_stop(
+                f"waiting up to {self.config.shutdown_timeout:g} s for {self.pool.busy} "
+                f"running {jobs} to finish"
+            )
         deadline = time.monotonic() + self.config.shutdown_timeout
         while not self.immediate and self.fenced_reason is None:
             self._flush_at_stop()
