@@ -73,6 +73,7 @@ _LEVELS = {
     "signal_receiver_failed": logging.ERROR,
     "outcome_deferred": logging.INFO,
     "session_options_refused": logging.WARNING,
+    "code_changed": logging.INFO,
 }
 
 _MULTILINE_FIELDS = ("traceback",)
