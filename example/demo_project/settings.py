@@ -31,10 +31,18 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"short": {"format": "  worker: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "short"}},
+    "filters": {"on_purpose": {"()": "shop.logs.OnPurpose"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "short",
+            "filters": ["on_purpose"],
+        }
+    },
     "loggers": {
         "stalwart": {"handlers": ["console"], "level": "INFO"},
-        # Django logs every task start and finish at INFO; Stalwart's own lines say as much.
-        "django.tasks": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        # Django logs every task start and finish, and each failure with its traceback;
+        # Stalwart's own lines say as much.
+        "django.tasks": {"handlers": ["console"], "level": "CRITICAL", "propagate": False},
     },
 }
