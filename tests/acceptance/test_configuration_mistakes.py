@@ -26,6 +26,7 @@ def run(*args: str, **env: str) -> Child:
     return child
 
 
+@pytest.mark.any_database
 def test_without_the_app_in_installed_apps_check_and_enqueue_name_the_fix():
     # A project whose tasks are imported as its apps load (its signal receivers use them).
     without_app = {
@@ -205,6 +206,7 @@ def test_an_outage_logs_one_line_when_it_starts_and_one_with_a_count_when_it_end
 # -- the command line ------------------------------------------------------------------------
 
 
+@pytest.mark.any_database
 def test_enqueue_with_positional_values_shows_its_own_usage_and_where_they_go():
     child = run("queue", "enqueue", "tests.testapp.tasks.add", "5", "x")
     assert child.process.returncode == 2

@@ -5,6 +5,7 @@ import pytest
 from tests.helpers import ROOT, Child, child_env
 
 
+@pytest.mark.any_database
 def test_the_demo_shows_its_failure_as_on_purpose_without_a_traceback(tmp_path, vendor):
     if vendor != "sqlite":
         pytest.skip("the demo runs on SQLite, whatever the suite runs on")

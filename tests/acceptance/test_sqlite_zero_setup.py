@@ -40,6 +40,7 @@ def counts(database: Path) -> dict[str, int]:
         return dict(connection.execute("SELECT status, count(*) FROM stalwart_job GROUP BY 1"))
 
 
+@pytest.mark.any_database
 def test_the_quickstart_with_two_workers_and_four_enqueuers_loses_no_enqueue(tmp_path, vendor):
     if vendor != "sqlite":
         pytest.skip("the quickstart's database is SQLite, whatever the suite runs on")

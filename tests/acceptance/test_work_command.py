@@ -142,6 +142,7 @@ def test_max_jobs_runs_that_many_jobs_whatever_the_threads_then_exits_4(threads,
     assert f"reason=max_jobs jobs_done={max_jobs}" in worker.output
 
 
+@pytest.mark.any_database
 @pytest.mark.parametrize("args", [("--help",), ("work", "--help")])
 def test_help_works(args):
     with Child("queue", *args) as child:
@@ -149,6 +150,7 @@ def test_help_works(args):
     assert "usage:" in child.output
 
 
+@pytest.mark.any_database
 @pytest.mark.parametrize(
     ("args", "message"),
     [
