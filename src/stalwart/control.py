@@ -1,5 +1,5 @@
 """Steering the queue from Python: pause and resume queues, retry and discard failed jobs,
-run scheduled jobs now, prune finished jobs. The ``queue`` command calls these.
+run scheduled jobs now, cancel jobs, prune finished jobs. The ``queue`` command calls these.
 
 Bulk operations work in bounded batches (``batch_size`` rows per statement, each its own
 transaction), so thousands of jobs never hold one long transaction or lock.
@@ -19,6 +19,7 @@ from stalwart.db import statements_for
 from stalwart.db.retry import retry_transient
 from stalwart.jobs import JobStore
 from stalwart.models import QueuePause
+from stalwart.models.job import FINISHED_STATES
 from stalwart.queues import validate_queue_name
 
 BATCH_SIZE = 1000
@@ -230,13 +231,75 @@ def discard_failed(
     return count
 
 
+# -- cancelling ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What a cancel did: waiting jobs ``cancelled`` at once, and running jobs ``requested``
+    to stop (they stop if and when their task checks ``context.cancel_requested``)."""
+
+    cancelled: int = 0
+    requested: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.cancelled or self.requested)
+
+
+def cancel_jobs(
+    selection: Selection,
+    *,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+) -> Cancelled:
+    """Cancel the selected waiting jobs (scheduled, blocked, ready) and ask the selected
+    running ones to stop. Finished jobs are left as they are.
+
+    Each batch is one fenced statement in its own transaction; the concurrency slots that
+    cancelled jobs held are handed on in it. See ``Statements.cancel_batch``.
+    """
+    database = _database(backend)
+    _check_batch_size(batch_size)
+    store = JobStore(database)
+    statements = store.statements
+    conditions, params = statements.selection_sql(
+        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
+    )
+    if dry_run:
+        with store.connection.cursor() as cursor:
+            waiting, running = statements.count_cancellable(
+                cursor, conditions=conditions, params=params
+            )
+        return Cancelled(cancelled=waiting, requested=running)
+
+    def batch(cursor: Any, limit: int) -> int:
+        moved = statements.cancel_batch(cursor, conditions=conditions, params=params, limit=limit)
+        for key in sorted({key for _, key in moved if key is not None}):
+            statements.unblock(cursor, key=key, notify=store.notify)
+        return len(moved)
+
+    cancelled = _batches(database, batch, batch_size)
+    # Waiting jobs first: one claimed meanwhile is running by now, and is asked to stop.
+    requested = _batches(
+        database,
+        lambda cursor, limit: statements.request_cancel_batch(
+            cursor, conditions=conditions, params=params, limit=limit
+        ),
+        batch_size,
+    )
+    if cancelled or requested:
+        events.emit("jobs_cancelled", count=cancelled, requested=requested)
+    return Cancelled(cancelled=cancelled, requested=requested)
+
+
 # -- retention -------------------------------------------------------------------------------
 
 
 def prune_finished(
     *,
     older_than: timedelta,
-    statuses: Sequence[str] = ("successful", "failed"),
+    statuses: Sequence[str] = FINISHED_STATES,
     backend: str = DEFAULT_TASK_BACKEND_ALIAS,
     database: str | None = None,
     dry_run: bool = False,
@@ -276,15 +339,17 @@ def prune_finished(
 def delete_expired_jobs(config: Any, *, batch_size: int = BATCH_SIZE) -> int:
     """Apply ``OPTIONS['retention']``: delete expired finished jobs and old recurring ticks."""
     deleted = 0
-    for status, keep in (("successful", config.keep_successful), ("failed", config.keep_failed)):
+    kept = (
+        ("successful", config.keep_successful),
+        ("failed", config.keep_failed),
+        ("cancelled", config.keep_cancelled),
+    )
+    for status, keep in kept:
         if keep is not None:
             deleted += prune_finished(
                 older_than=keep, statuses=[status], database=config.database, batch_size=batch_size
             )
-    longest = max(
-        (keep for keep in (config.keep_successful, config.keep_failed) if keep is not None),
-        default=None,
-    )
+    longest = max((keep for _, keep in kept if keep is not None), default=None)
     if longest is not None:
         connection = connections[config.database]
         with connection.cursor() as cursor:
