@@ -69,6 +69,8 @@ class Options:
     keep_successful: timedelta | None = timedelta(days=1)
     keep_failed: timedelta | None = timedelta(days=7)
     keep_cancelled: timedelta | None = timedelta(days=7)
+    # Count events into stalwart_counter, for the metrics endpoint's counters and histogram.
+    metrics: bool = False
 
     def worker(self, **overrides: Any) -> WorkerOptions:
         """The first worker configuration, with command-line overrides applied."""
@@ -311,6 +313,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         keep_successful=_read_retention(reader, "successful", timedelta(days=1)),
         keep_failed=_read_retention(reader, "failed", timedelta(days=7)),
         keep_cancelled=_read_retention(reader, "cancelled", timedelta(days=7)),
+        metrics=reader.choice("metrics", False, lambda v: isinstance(v, bool), "True or False"),
     )
     reader.finish()
     return options

@@ -7,7 +7,7 @@ transaction), so thousands of jobs never hold one long transaction or lock.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
@@ -68,18 +68,38 @@ def paused_queues(
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Which jobs a bulk operation applies to: by id, by task, by queue, or all."""
+    """Which jobs a bulk operation applies to: by id, by task, by queue, or all; further
+    narrowed, if given, by priority and a time range (on ``time_column``: the dashboard's
+    filters)."""
 
     ids: Sequence[Any] = ()
     task_path: str | None = None
     queue_name: str | None = None
     everything: bool = False
+    priority: int | None = None
+    time_column: str = "enqueued_at"
+    since: datetime | None = None
+    until: datetime | None = None
+    state: str | None = None  # only jobs in this state (of those the operation applies to)
 
     def __post_init__(self) -> None:
         if not (self.ids or self.task_path or self.queue_name or self.everything):
             raise ValueError(
                 "Say which jobs: by id, by task, by queue, or all of them (everything=True)."
             )
+
+    def sql(self, statements: Any) -> tuple[str, list]:
+        """The selection's conditions for ``statements``' database."""
+        return statements.selection_sql(
+            ids=self.ids,
+            task_path=self.task_path,
+            queue_name=self.queue_name,
+            priority=self.priority,
+            time_column=self.time_column,
+            since=self.since,
+            until=self.until,
+            state=self.state,
+        )
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -110,9 +130,7 @@ def _count(
 ) -> int:
     connection = connections[database]
     statements = statements_for(connection)
-    conditions, params = statements.selection_sql(
-        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
-    )
+    conditions, params = selection.sql(statements)
     with connection.cursor() as cursor:
         return statements.count_selected(
             cursor,
@@ -136,9 +154,7 @@ def _requeue(
     _check_batch_size(batch_size)
     store = JobStore(database)
     statements = store.statements
-    conditions, params = statements.selection_sql(
-        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
-    )
+    conditions, params = selection.sql(statements)
     if dry_run:
         with store.connection.cursor() as cursor:
             return statements.count_requeueable(
@@ -216,9 +232,7 @@ def discard_failed(
     if dry_run:
         return _count(database, ["failed"], selection)
     statements = statements_for(connections[database])
-    conditions, params = statements.selection_sql(
-        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
-    )
+    conditions, params = selection.sql(statements)
     count = _batches(
         database,
         lambda cursor, limit: statements.delete_batch(
@@ -263,9 +277,7 @@ def cancel_jobs(
     _check_batch_size(batch_size)
     store = JobStore(database)
     statements = store.statements
-    conditions, params = statements.selection_sql(
-        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
-    )
+    conditions, params = selection.sql(statements)
     if dry_run:
         with store.connection.cursor() as cursor:
             waiting, running = statements.count_cancellable(

@@ -73,6 +73,7 @@ _LEVELS = {
     "process_reregistered": logging.WARNING,
     "signal_receiver_failed": logging.ERROR,
     "outcome_deferred": logging.INFO,
+    "metrics_not_stored": logging.WARNING,
     "session_options_refused": logging.WARNING,
 }
 

@@ -777,15 +777,38 @@ class Statements:
 
     # -- failed and finished jobs, in bounded batches --------------------------------------
 
+    # The times a selection may be bounded by (a column name never comes from a caller).
+    _TIME_COLUMNS = frozenset({"enqueued_at", "available_at", "last_attempted_at", "finished_at"})
+
     def selection_sql(
         self,
         *,
         ids: Sequence[uuid.UUID] = (),
         task_path: str | None = None,
         queue_name: str | None = None,
+        priority: int | None = None,
+        time_column: str = "enqueued_at",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        state: str | None = None,
     ) -> tuple[str, list]:
-        """Extra conditions (each starting with AND) choosing jobs by id, task or queue."""
+        """Extra conditions (each starting with AND) choosing jobs by id, task, queue,
+        priority, a time range on one of the jobs' times, and state."""
         sql, params = [], []
+        if state is not None:
+            sql.append("AND status = %s")
+            params.append(state)
+        if time_column not in self._TIME_COLUMNS:
+            raise ValueError(f"{time_column!r} is not a time a selection can use.")
+        if priority is not None:
+            sql.append("AND priority = %s")
+            params.append(priority)
+        if since is not None:
+            sql.append(f"AND {time_column} >= %s")
+            params.append(self.datetime_param(since))
+        if until is not None:
+            sql.append(f"AND {time_column} < %s")
+            params.append(self.datetime_param(until))
         if ids:
             sql.append(f"AND id IN ({', '.join(['%s'] * len(ids))})")
             params.extend(self.uuid_param(job_id) for job_id in ids)
@@ -984,6 +1007,28 @@ class Statements:
             self.ago_params(older_than),
         )
         return cursor.rowcount
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def add_to_counters(self, cursor: Any, counts: Sequence[tuple[tuple, float]]) -> None:
+        """Add to the counters ``((name, queue, task, le), amount)``, creating them as needed.
+
+        Sorted by key, so two processes adding at once lock the rows in one order."""
+        now, now_params = self.now_sql()
+        for start in range(0, len(counts), 500):
+            chunk = counts[start : start + 500]
+            params: list = []
+            for (name, queue, task, le), amount in chunk:
+                params.extend([name, queue, task, le, amount, *now_params])
+            rows = ", ".join([f"(%s, %s, %s, %s, %s, {now})"] * len(chunk))
+            cursor.execute(
+                "INSERT INTO stalwart_counter (name, queue_name, task_path, le, value, "
+                f"updated_at) VALUES {rows} "
+                "ON CONFLICT (name, queue_name, task_path, le) DO UPDATE "
+                "SET value = stalwart_counter.value + excluded.value, "
+                "updated_at = excluded.updated_at",
+                params,
+            )
 
     def error_count_sql(self, column: str) -> str:
         raise NotImplementedError
