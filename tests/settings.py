@@ -105,6 +105,7 @@ TASKS = {
             "scheduler": {"polling_interval": 0.2},
             "recurring": json.loads(os.environ.get("STALWART_RECURRING", "{}")),
             "task_modules": json.loads(os.environ.get("STALWART_TASK_MODULES", "[]")),
+            "metrics": os.environ.get("STALWART_METRICS") == "true",
         },
     },
     "limited": {

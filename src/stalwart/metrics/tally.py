@@ -30,7 +30,8 @@ COUNTED = {
     "job_timed_out": "timed_out",
     "jobs_released": "released",
     "jobs_discarded": "discarded",
-    "job_cancelled": "cancelled",
+    "job_cancelled": "cancelled",  # a running job that stopped (or never ran again)
+    "jobs_cancelled": "cancelled",  # waiting jobs cancelled at once
 }
 # Events whose ``duration`` is an attempt's running time.
 TIMED = ("job_succeeded", "job_failed", "job_retry_scheduled", "job_cancelled")
