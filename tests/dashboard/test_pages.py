@@ -57,8 +57,13 @@ def test_the_overview_shows_each_queue_with_its_counts_latency_and_workers(viewe
     drain(queues="mail")
     tasks.add.using(queue_name="mail").enqueue(3, 3)
     control.pause("mail")
+    tasks.add.using(queue_name="quiet").enqueue(4, 4)
+    drain(queues="quiet")  # a queue with nothing left but a job done in the hour
     process(queues="default")
     page = text(viewer.get(ADMIN + "/"))
+    quiet = page[page.index('data-queue="quiet"') :].split("</tr>")[0]
+    cells = re.findall(r'<td class="number">(?:<a [^>]*>)?([^<]*)', quiet)
+    assert cells[5:8] == ["\u2013", "1", "0"]  # no latency; one success in the hour
     mail = page[page.index('data-queue="mail"') :].split("</tr>")[0]
     cells = re.findall(r'<td class="number">(?:<a [^>]*>)?([^<]*)', mail)
     # ready, scheduled, running, blocked, failed, latency, succeeded and failed in the hour

@@ -13,8 +13,8 @@ NOTHING = "\u2013"  # an en dash: no value
 @register.filter
 def duration(seconds: float | None) -> str:
     """Seconds as a short duration: 42 s, 7 min, 3.5 h, 2.1 d."""
-    if seconds is None:
-        return NOTHING
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return NOTHING  # None, or a missing value (a template's "")
     seconds = abs(seconds)
     if seconds < 120:
         return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
