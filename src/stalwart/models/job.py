@@ -149,6 +149,21 @@ class Job(models.Model):
                 condition=models.Q(status="failed"),
                 name="stalwart_job_failed",
             ),
+            # Failed jobs by task (the dashboard's filter, retry and discard by task).
+            models.Index(
+                fields=["task_path", "finished_at"],
+                condition=models.Q(status="failed"),
+                name="stalwart_job_failed_task",
+            ),
+            # Jobs with a unique key, whatever their state: a retry or a run-now checks that
+            # no twin goes back to waiting before it (without this index, PostgreSQL's
+            # planner prices that check as a scan per job, and compiles the query (JIT) for
+            # longer than it then runs).
+            models.Index(
+                fields=["unique_key", "id"],
+                condition=models.Q(unique_key__isnull=False),
+                name="stalwart_job_unique_key",
+            ),
             # Finished jobs by age: retention, and the dashboard's lists of finished jobs
             # (newest first, keyset-paginated on finished_at and id). With partial indexes, a
             # claim or a success costs two index insertions (the primary key and one
