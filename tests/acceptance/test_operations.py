@@ -207,6 +207,8 @@ REQUIRED = {
     "retry": ["--all"],
     "discard": ["--all"],
     "run-now": ["--all"],
+    "cancel": ["--all"],
+    "show": ["01939f2e-0000-7000-8000-000000000000"],
     "prune": ["--older-than", "1d"],
 }
 
@@ -228,6 +230,8 @@ def test_every_subcommand_refuses_an_unknown_backend(name):
         "retry": ["--all"],
         "discard": ["--all"],
         "run-now": ["--all"],
+        "cancel": ["--all"],
+        "show": ["01939f2e-0000-7000-8000-000000000000"],
         "prune": ["--older-than", "1d"],
     }.get(name, [])
     child = run(name, *args, "--backend", "nope")
