@@ -39,6 +39,10 @@ class StalwartBackend(BaseTaskBackend):
         super().__init__(alias, params)
         self.config: Options = read_options(alias, params)
         self.store = JobStore(self.config.database, notify=self.config.listen_notify)
+        if self.config.metrics:
+            from stalwart.metrics import tally
+
+            tally.install(self.config.database)
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)

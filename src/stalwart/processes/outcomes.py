@@ -242,11 +242,19 @@ class OutcomeWriter:
         fields = {
             "job": item.job.id,
             "task": item.job.task_path,
+            "queue": item.job.queue_name,
             "attempt": item.job.attempt,
             "duration": item.duration,
         }
         if outcome.status == JobStatus.SUCCESSFUL:
             events.emit("job_succeeded", **fields)
+        elif outcome.status == JobStatus.CANCELLED:
+            events.emit(
+                "job_cancelled",
+                **fields,
+                ran=item.result is not None,
+                error=item.error.exception_class_path if item.error else None,
+            )
         elif outcome.status == JobStatus.SCHEDULED:
             events.emit(
                 "job_retry_scheduled",
