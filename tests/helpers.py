@@ -167,18 +167,26 @@ class Child:
         return self.process.returncode
 
     def kill(self) -> None:
-        """SIGKILL the child and every process under it (forked children lead groups of
-        their own, so killing the child's group alone would leave them)."""
+        """SIGKILL the child and every process under it, all as of one instant: the tree is
+        stopped first, so no process in it sees another die (a worker that noticed its
+        supervisor gone would drain and deregister) or forks a new one meanwhile. Forked
+        children lead groups of their own, so killing the child's group alone would leave
+        them."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGSTOP)
         try:
             root = psutil.Process(self.process.pid)
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             tree = []
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.suspend()
         for process in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
     def __enter__(self) -> "Child":
         return self

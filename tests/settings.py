@@ -23,8 +23,42 @@ DEBUG = False
 # STALWART_USE_TZ=false: a project Stalwart must refuse to run (the check stalwart.E003).
 USE_TZ = os.environ.get("STALWART_USE_TZ", "true") != "false"
 TIME_ZONE = "UTC"
-INSTALLED_APPS = ["django.contrib.contenttypes", "stalwart", "tests.testapp"]
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "stalwart",
+    "tests.testapp",
+]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The admin, for the dashboard (tests/dashboard), and the metrics view.
+ROOT_URLCONF = "tests.urls"
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test logins
 
 if VENDOR == "postgresql":
     DATABASES = {
@@ -72,6 +106,7 @@ TASKS = {
             "scheduler": {"polling_interval": 0.2},
             "recurring": json.loads(os.environ.get("STALWART_RECURRING", "{}")),
             "task_modules": json.loads(os.environ.get("STALWART_TASK_MODULES", "[]")),
+            "metrics": os.environ.get("STALWART_METRICS") == "true",
         },
     },
     "limited": {

@@ -42,6 +42,10 @@ class StalwartBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.config: Options = read_options(alias, params)
+        if self.config.metrics:
+            from stalwart.metrics import tally
+
+            tally.install(self.config.database)
 
     @cached_property
     def store(self) -> Any:

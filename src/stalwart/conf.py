@@ -71,6 +71,9 @@ class Options:
     # Finished jobs are deleted this long after they finish (None: kept for ever).
     keep_successful: timedelta | None = timedelta(days=1)
     keep_failed: timedelta | None = timedelta(days=7)
+    keep_cancelled: timedelta | None = timedelta(days=7)
+    # Count events into stalwart_counter, for the metrics endpoint's counters and histogram.
+    metrics: bool = False
 
     def worker(self, **overrides: Any) -> WorkerOptions:
         """The first worker configuration, with command-line overrides applied."""
@@ -182,10 +185,11 @@ def _read_retention(reader: "_Reader", status: str, default: timedelta) -> timed
     where = reader.name("retention")
     if not isinstance(values, Mapping):
         raise ConfigurationError(f"{where} must be a dict, not {values!r}.")
-    unknown = sorted(set(values) - {"successful", "failed"})
+    unknown = sorted(set(values) - {"successful", "failed", "cancelled"})
     if unknown:
         raise ConfigurationError(
-            f"{where}[{unknown[0]!r}] is not a Stalwart setting (known: 'failed', 'successful')."
+            f"{where}[{unknown[0]!r}] is not a Stalwart setting "
+            "(known: 'cancelled', 'failed', 'successful')."
         )
     value = values.get(status, default)
     if value is None:
@@ -312,6 +316,8 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         ),
         keep_successful=_read_retention(reader, "successful", timedelta(days=1)),
         keep_failed=_read_retention(reader, "failed", timedelta(days=7)),
+        keep_cancelled=_read_retention(reader, "cancelled", timedelta(days=7)),
+        metrics=reader.choice("metrics", False, lambda v: isinstance(v, bool), "True or False"),
     )
     reader.finish()
     return options

@@ -1,5 +1,5 @@
 """Steering the queue from Python: pause and resume queues, retry and discard failed jobs,
-run scheduled jobs now, prune finished jobs. The ``queue`` command calls these.
+run scheduled jobs now, cancel jobs, prune finished jobs. The ``queue`` command calls these.
 
 Bulk operations work in bounded batches (``batch_size`` rows per statement, each its own
 transaction), so thousands of jobs never hold one long transaction or lock.
@@ -7,7 +7,7 @@ transaction), so thousands of jobs never hold one long transaction or lock.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
@@ -19,6 +19,7 @@ from stalwart.db import statements_for
 from stalwart.db.retry import retry_transient
 from stalwart.jobs import JobStore
 from stalwart.models import QueuePause
+from stalwart.models.job import FINISHED_STATES
 from stalwart.queues import validate_queue_name
 
 BATCH_SIZE = 1000
@@ -143,18 +144,38 @@ def paused_queues(
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Which jobs a bulk operation applies to: by id, by task, by queue, or all."""
+    """Which jobs a bulk operation applies to: by id, by task, by queue, or all; further
+    narrowed, if given, by priority and a time range (on ``time_column``: the dashboard's
+    filters)."""
 
     ids: Sequence[Any] = ()
     task_path: str | None = None
     queue_name: str | None = None
     everything: bool = False
+    priority: int | None = None
+    time_column: str = "enqueued_at"
+    since: datetime | None = None
+    until: datetime | None = None
+    state: str | None = None  # only jobs in this state (of those the operation applies to)
 
     def __post_init__(self) -> None:
         if not (self.ids or self.task_path or self.queue_name or self.everything):
             raise ValueError(
                 "Say which jobs: by id, by task, by queue, or all of them (everything=True)."
             )
+
+    def sql(self, statements: Any) -> tuple[str, list]:
+        """The selection's conditions for ``statements``' database."""
+        return statements.selection_sql(
+            ids=self.ids,
+            task_path=self.task_path,
+            queue_name=self.queue_name,
+            priority=self.priority,
+            time_column=self.time_column,
+            since=self.since,
+            until=self.until,
+            state=self.state,
+        )
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -185,9 +206,7 @@ def _count(
 ) -> int:
     connection = connections[database]
     statements = statements_for(connection)
-    conditions, params = statements.selection_sql(
-        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
-    )
+    conditions, params = selection.sql(statements)
     with connection.cursor() as cursor:
         return statements.count_selected(
             cursor,
@@ -211,9 +230,7 @@ def _requeue(
     _check_batch_size(batch_size)
     store = JobStore(database)
     statements = store.statements
-    conditions, params = statements.selection_sql(
-        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
-    )
+    conditions, params = selection.sql(statements)
     if dry_run:
         with store.connection.cursor() as cursor:
             return statements.count_requeueable(
@@ -291,9 +308,7 @@ def discard_failed(
     if dry_run:
         return _count(database, ["failed"], selection)
     statements = statements_for(connections[database])
-    conditions, params = statements.selection_sql(
-        ids=selection.ids, task_path=selection.task_path, queue_name=selection.queue_name
-    )
+    conditions, params = selection.sql(statements)
     count = _batches(
         database,
         lambda cursor, limit: statements.delete_batch(
@@ -306,13 +321,73 @@ def discard_failed(
     return count
 
 
+# -- cancelling ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What a cancel did: waiting jobs ``cancelled`` at once, and running jobs ``requested``
+    to stop (they stop if and when their task checks ``context.cancel_requested``)."""
+
+    cancelled: int = 0
+    requested: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.cancelled or self.requested)
+
+
+def cancel_jobs(
+    selection: Selection,
+    *,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+) -> Cancelled:
+    """Cancel the selected waiting jobs (scheduled, blocked, ready) and ask the selected
+    running ones to stop. Finished jobs are left as they are.
+
+    Each batch is one fenced statement in its own transaction; the concurrency slots that
+    cancelled jobs held are handed on in it. See ``Statements.cancel_batch``.
+    """
+    database = _database(backend)
+    _check_batch_size(batch_size)
+    store = JobStore(database)
+    statements = store.statements
+    conditions, params = selection.sql(statements)
+    if dry_run:
+        with store.connection.cursor() as cursor:
+            waiting, running = statements.count_cancellable(
+                cursor, conditions=conditions, params=params
+            )
+        return Cancelled(cancelled=waiting, requested=running)
+
+    def batch(cursor: Any, limit: int) -> int:
+        moved = statements.cancel_batch(cursor, conditions=conditions, params=params, limit=limit)
+        for key in sorted({key for _, key in moved if key is not None}):
+            statements.unblock(cursor, key=key, notify=store.notify)
+        return len(moved)
+
+    cancelled = _batches(database, batch, batch_size)
+    # Waiting jobs first: one claimed meanwhile is running by now, and is asked to stop.
+    requested = _batches(
+        database,
+        lambda cursor, limit: statements.request_cancel_batch(
+            cursor, conditions=conditions, params=params, limit=limit
+        ),
+        batch_size,
+    )
+    if cancelled or requested:
+        events.emit("jobs_cancelled", count=cancelled, requested=requested)
+    return Cancelled(cancelled=cancelled, requested=requested)
+
+
 # -- retention -------------------------------------------------------------------------------
 
 
 def prune_finished(
     *,
     older_than: timedelta,
-    statuses: Sequence[str] = ("successful", "failed"),
+    statuses: Sequence[str] = FINISHED_STATES,
     backend: str = DEFAULT_TASK_BACKEND_ALIAS,
     database: str | None = None,
     dry_run: bool = False,
@@ -352,15 +427,17 @@ def prune_finished(
 def delete_expired_jobs(config: Any, *, batch_size: int = BATCH_SIZE) -> int:
     """Apply ``OPTIONS['retention']``: delete expired finished jobs and old recurring ticks."""
     deleted = 0
-    for status, keep in (("successful", config.keep_successful), ("failed", config.keep_failed)):
+    kept = (
+        ("successful", config.keep_successful),
+        ("failed", config.keep_failed),
+        ("cancelled", config.keep_cancelled),
+    )
+    for status, keep in kept:
         if keep is not None:
             deleted += prune_finished(
                 older_than=keep, statuses=[status], database=config.database, batch_size=batch_size
             )
-    longest = max(
-        (keep for keep in (config.keep_successful, config.keep_failed) if keep is not None),
-        default=None,
-    )
+    longest = max((keep for _, keep in kept if keep is not None), default=None)
     if longest is not None:
         connection = connections[config.database]
         with connection.cursor() as cursor:

@@ -121,3 +121,11 @@ class OutcomeNotStored(Exception):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"The attempt's outcome could not be stored: {reason}")
+
+
+class JobCancelled(Exception):
+    """Raised by a task that stops because its job was cancelled while it ran
+    (``context.raise_if_cancelled()``), and recorded as the error of a cancelled attempt."""
+
+    def __init__(self, message: str = "The job was cancelled while it ran.") -> None:
+        super().__init__(message)

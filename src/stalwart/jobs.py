@@ -307,8 +307,9 @@ class JobStore:
             atomic=True,
         )
 
-    def owned_running(self, *, owner: int) -> list[tuple[uuid.UUID, int]]:
-        """(id, attempt) of the running jobs that ``owner`` holds, as the database sees it."""
+    def owned_running(self, *, owner: int) -> list[tuple[uuid.UUID, int, bool]]:
+        """(id, attempt, whether a cancel was requested) of the running jobs that ``owner``
+        holds, as the database sees it."""
 
         def run() -> list:
             with self.connection.cursor() as cursor:

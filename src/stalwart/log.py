@@ -22,6 +22,9 @@ _LEVELS = {
     "job_succeeded": logging.INFO,
     "job_failed": logging.ERROR,
     "job_retry_scheduled": logging.WARNING,
+    "job_cancelled": logging.WARNING,
+    "job_cancel_requested": logging.INFO,
+    "jobs_cancelled": logging.INFO,
     "job_result_discarded": logging.WARNING,
     "jobs_released": logging.WARNING,
     "jobs_promoted": logging.DEBUG,
@@ -72,6 +75,7 @@ _LEVELS = {
     "process_reregistered": logging.WARNING,
     "signal_receiver_failed": logging.ERROR,
     "outcome_deferred": logging.INFO,
+    "metrics_not_stored": logging.WARNING,
     "session_options_refused": logging.WARNING,
     "code_changed": logging.INFO,
 }

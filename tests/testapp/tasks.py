@@ -363,3 +363,27 @@ def background_thread_state() -> dict:
     from tests.testapp import background
 
     return background.ticker.state()
+
+
+@task(takes_context=True)
+def until_cancelled(context: stalwart.StalwartTaskContext, seconds: float = 30.0) -> str:
+    """Works in small steps, checking between them whether it was asked to stop."""
+    Execution.objects.create(
+        job_id=context.task_result.id,
+        label="until_cancelled",
+        attempt=context.attempt,
+        pid=os.getpid(),
+        started_at=timezone.now(),
+    )
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        context.raise_if_cancelled()
+        time.sleep(0.02)  # one step of the task's work
+    return "finished"
+
+
+@task
+def cancels_itself() -> None:
+    from stalwart.exceptions import JobCancelled
+
+    raise JobCancelled("nothing left to do")

@@ -1,4 +1,4 @@
-"""Looking at the queue: ``check``, ``status``, ``processes``, ``recurring``."""
+"""Looking at the queue: ``check``, ``status``, ``processes``, ``recurring``, ``metrics``."""
 
 import argparse
 from typing import Any
@@ -288,4 +288,30 @@ def recurring(command: Any, options: dict[str, Any]) -> int:
             ],
         )
     )
+    return 0
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+@subcommand(
+    "metrics",
+    "Print the metrics in Prometheus's text format (what the metrics view serves).",
+    _no_arguments,
+)
+def metrics(command: Any, options: dict[str, Any]) -> int:
+    from django.core.management.base import CommandError
+
+    backend = get_backend(options["backend"])
+    try:
+        from stalwart.metrics.collector import exposition
+    except ImportError:  # pragma: no cover - the collector imports lazily
+        raise CommandError("stalwart.metrics cannot be imported.") from None
+    try:
+        body, _ = exposition(backend.config)
+    except ImportError:
+        raise CommandError(
+            "prometheus_client is not installed: pip install 'django-stalwart[prometheus]'."
+        ) from None
+    command.stdout.write(body.decode().rstrip("\n"))
     return 0

@@ -1,4 +1,5 @@
-"""Steering the queue: ``pause``, ``resume``, ``retry``, ``discard``, ``run-now``, ``prune``."""
+"""Steering the queue: ``pause``, ``resume``, ``retry``, ``discard``, ``run-now``, ``cancel``,
+``prune``."""
 
 import argparse
 from typing import Any
@@ -160,6 +161,42 @@ def run_now(command: Any, options: dict[str, Any]) -> int:
     return _bulk(command, options, "run now", "scheduled")
 
 
+# -- cancel ----------------------------------------------------------------------------------
+
+
+@subcommand(
+    "cancel",
+    "Cancel waiting jobs (scheduled, blocked, ready) at once, and ask running ones to stop "
+    "(their task sees it in its context; nothing is killed). Finished jobs are left alone.",
+    _selection_arguments,
+)
+def cancel(command: Any, options: dict[str, Any]) -> int:
+    from stalwart import control
+
+    get_backend(options["backend"])
+    done = control.cancel_jobs(
+        _selection(options),
+        backend=options["backend"],
+        dry_run=options["dry_run"],
+        batch_size=options["batch_size"],
+    )
+
+    def jobs(n: int) -> str:
+        return f"{n} {'job' if n == 1 else 'jobs'}"
+
+    if options["dry_run"]:
+        command.stdout.write(
+            f"Would cancel {jobs(done.cancelled)} waiting, and ask {jobs(done.requested)} "
+            "running to stop (dry run: nothing changed)."
+        )
+    else:
+        command.stdout.write(
+            f"Cancelled {jobs(done.cancelled)} waiting; asked {jobs(done.requested)} running "
+            "to stop (each stops when its task checks context.cancel_requested)."
+        )
+    return 0
+
+
 # -- prune -----------------------------------------------------------------------------------
 
 
@@ -173,7 +210,7 @@ def _prune_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--status",
-        choices=["successful", "failed", "all"],
+        choices=["successful", "failed", "cancelled", "all"],
         default="all",
         help="Which finished jobs (default: %(default)s).",
     )
@@ -193,7 +230,9 @@ def prune(command: Any, options: dict[str, Any]) -> int:
     from stalwart import control
 
     get_backend(options["backend"])
-    statuses = ["successful", "failed"] if options["status"] == "all" else [options["status"]]
+    statuses = (
+        ["successful", "failed", "cancelled"] if options["status"] == "all" else [options["status"]]
+    )
     done = control.prune_finished(
         older_than=options["older_than"],
         statuses=statuses,

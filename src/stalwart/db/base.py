@@ -17,6 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from stalwart.models import Job
+from stalwart.models.job import CANCELLABLE_STATES
 from stalwart.queues import QueuePattern
 
 # The columns a claim returns: everything needed to run the job and report its result.
@@ -39,6 +40,7 @@ CLAIM_COLUMNS = (
     "concurrency_key",
     "isolated",
     "unique_key",
+    "cancel_requested_at",
 )
 
 # The columns an insert writes from each new job, in the order of insert_params()...
@@ -111,6 +113,8 @@ class ClaimedJob:
     # It must run alone: it was running when a process died beside other jobs.
     isolated: bool = False
     unique_key: str | None = None
+    # Someone asked the job to stop while an earlier attempt ran: it is not run again.
+    cancel_requested_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +250,8 @@ _NO_WAITING_TWIN = f"""
             WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
               AND sibling.status = candidate.status)))"""
 
+
+_CANCELLABLE = ", ".join(f"'{state}'" for state in CANCELLABLE_STATES)
 
 # A scheduled job may keep its owner: its attempt timed out and may still run in a thread of
 # that process, so it waits until the process row is gone (see ``Outcome.keep_owner``).
@@ -508,13 +514,19 @@ class Statements:
         return written
 
     def owned_running(self, cursor: Any, *, owner: int) -> list:
+        """(id, attempt, cancel requested) of each running job ``owner`` holds."""
         cursor.execute(
-            "SELECT id, attempt FROM stalwart_job WHERE status = 'running' AND owner = %s",
+            "SELECT id, attempt, cancel_requested_at IS NOT NULL FROM stalwart_job "
+            "WHERE status = 'running' AND owner = %s",
             [owner],
         )
         pk = Job._meta.pk
         return [
-            (pk.to_python(row[0]) if not isinstance(row[0], uuid.UUID) else row[0], row[1])
+            (
+                pk.to_python(row[0]) if not isinstance(row[0], uuid.UUID) else row[0],
+                row[1],
+                bool(row[2]),
+            )
             for row in cursor.fetchall()
         ]
 
@@ -765,15 +777,38 @@ class Statements:
 
     # -- failed and finished jobs, in bounded batches --------------------------------------
 
+    # The times a selection may be bounded by (a column name never comes from a caller).
+    _TIME_COLUMNS = frozenset({"enqueued_at", "available_at", "last_attempted_at", "finished_at"})
+
     def selection_sql(
         self,
         *,
         ids: Sequence[uuid.UUID] = (),
         task_path: str | None = None,
         queue_name: str | None = None,
+        priority: int | None = None,
+        time_column: str = "enqueued_at",
+        since: datetime | None = None,
+        until: datetime | None = None,
+        state: str | None = None,
     ) -> tuple[str, list]:
-        """Extra conditions (each starting with AND) choosing jobs by id, task or queue."""
+        """Extra conditions (each starting with AND) choosing jobs by id, task, queue,
+        priority, a time range on one of the jobs' times, and state."""
         sql, params = [], []
+        if state is not None:
+            sql.append("AND status = %s")
+            params.append(state)
+        if time_column not in self._TIME_COLUMNS:
+            raise ValueError(f"{time_column!r} is not a time a selection can use.")
+        if priority is not None:
+            sql.append("AND priority = %s")
+            params.append(priority)
+        if since is not None:
+            sql.append(f"AND {time_column} >= %s")
+            params.append(self.datetime_param(since))
+        if until is not None:
+            sql.append(f"AND {time_column} < %s")
+            params.append(self.datetime_param(until))
         if ids:
             sql.append(f"AND id IN ({', '.join(['%s'] * len(ids))})")
             params.extend(self.uuid_param(job_id) for job_id in ids)
@@ -831,6 +866,72 @@ class Statements:
             [status, *params, limit, *now_params, status],
         )
         return cursor.fetchall()
+
+    def cancel_batch(
+        self, cursor: Any, *, conditions: str, params: list, limit: int
+    ) -> list[tuple[str, str | None]]:
+        """Cancel up to ``limit`` waiting jobs (scheduled, blocked or ready); return the
+        (queue, concurrency key) of each.
+
+        One statement, fenced like every change of state: the rows are locked in id order
+        and the state is checked again as they are written. A claim that locked a row first
+        wins: the row is running when this statement gets to it, so it is left alone. One
+        that comes second skips the locked row (``SKIP LOCKED``), and finds it cancelled.
+        The job leaves the unique index's states, so its unique key is free at once; the
+        caller hands on the slots of the keys returned, in the same transaction.
+        """
+        now, now_params = self.now_sql()
+        cursor.execute(
+            f"""
+            WITH chosen AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status IN ({_CANCELLABLE}) {conditions}
+                ORDER BY id LIMIT %s {self.row_lock}
+            )
+            UPDATE stalwart_job
+            SET status = 'cancelled', finished_at = {now}, owner = NULL
+            WHERE status IN ({_CANCELLABLE}) AND id IN (SELECT id FROM chosen)
+            RETURNING queue_name, concurrency_key
+            """,
+            [*params, limit, *now_params],
+        )
+        return cursor.fetchall()
+
+    def request_cancel_batch(
+        self, cursor: Any, *, conditions: str, params: list, limit: int
+    ) -> int:
+        """Ask up to ``limit`` running jobs not asked yet to stop; return how many.
+
+        Only ``cancel_requested_at`` changes: the job stays running, its worker learns of
+        the request at its next look at the jobs it holds, and tells the task."""
+        now, now_params = self.now_sql()
+        cursor.execute(
+            f"""
+            WITH chosen AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'running' AND cancel_requested_at IS NULL {conditions}
+                ORDER BY id LIMIT %s {self.row_lock}
+            )
+            UPDATE stalwart_job SET cancel_requested_at = {now}
+            WHERE status = 'running' AND cancel_requested_at IS NULL
+              AND id IN (SELECT id FROM chosen)
+            RETURNING id
+            """,
+            [*params, limit, *now_params],
+        )
+        return len(cursor.fetchall())  # (SQLite reports no row count after a WITH)
+
+    def count_cancellable(self, cursor: Any, *, conditions: str, params: list) -> tuple[int, int]:
+        """How many waiting jobs ``cancel_batch`` would cancel, and how many running jobs
+        ``request_cancel_batch`` would ask to stop (for a dry run)."""
+        cursor.execute(
+            f"SELECT count(*) FILTER (WHERE status IN ({_CANCELLABLE})), "
+            "count(*) FILTER (WHERE status = 'running' AND cancel_requested_at IS NULL) "
+            f"FROM stalwart_job WHERE status IN ({_CANCELLABLE}, 'running') {conditions}",
+            params,
+        )
+        waiting, running = cursor.fetchone()
+        return waiting, running
 
     def count_requeueable(self, cursor: Any, *, status: str, conditions: str, params: list) -> int:
         """How many jobs ``requeue_batch`` would move (for a dry run)."""
@@ -906,6 +1007,28 @@ class Statements:
             self.ago_params(older_than),
         )
         return cursor.rowcount
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def add_to_counters(self, cursor: Any, counts: Sequence[tuple[tuple, float]]) -> None:
+        """Add to the counters ``((name, queue, task, le), amount)``, creating them as needed.
+
+        Sorted by key, so two processes adding at once lock the rows in one order."""
+        now, now_params = self.now_sql()
+        for start in range(0, len(counts), 500):
+            chunk = counts[start : start + 500]
+            params: list = []
+            for (name, queue, task, le), amount in chunk:
+                params.extend([name, queue, task, le, amount, *now_params])
+            rows = ", ".join([f"(%s, %s, %s, %s, %s, {now})"] * len(chunk))
+            cursor.execute(
+                "INSERT INTO stalwart_counter (name, queue_name, task_path, le, value, "
+                f"updated_at) VALUES {rows} "
+                "ON CONFLICT (name, queue_name, task_path, le) DO UPDATE "
+                "SET value = stalwart_counter.value + excluded.value, "
+                "updated_at = excluded.updated_at",
+                params,
+            )
 
     def error_count_sql(self, column: str) -> str:
         raise NotImplementedError

@@ -237,7 +237,7 @@ class PostgreSQLStatements(Statements):
             SET status = outcome.status,
                 owner = CASE WHEN outcome.keep_owner THEN job.owner END,
                 isolated = false,
-                finished_at = CASE WHEN outcome.status IN ('successful', 'failed')
+                finished_at = CASE WHEN outcome.status IN ('successful', 'failed', 'cancelled')
                                    THEN now() END,
                 available_at = CASE WHEN outcome.retry_in IS NULL THEN job.available_at
                                     ELSE now() + make_interval(secs => outcome.retry_in) END,

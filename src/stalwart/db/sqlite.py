@@ -24,6 +24,7 @@ from stalwart.db.base import (
     Released,
     Statements,
 )
+from stalwart.models.job import FINISHED_STATES
 from stalwart.queues import QueuePattern
 
 _RETURNING = ", ".join(CLAIM_COLUMNS)
@@ -107,7 +108,7 @@ class SQLiteStatements(Statements):
         now = self.datetime_param(moment)
         written = {}
         for outcome in outcomes:
-            final = outcome.status in ("successful", "failed")
+            final = outcome.status in FINISHED_STATES
             retry_at = None
             if outcome.retry_in is not None:
                 retry_at = self.datetime_param(moment + timedelta(seconds=outcome.retry_in))

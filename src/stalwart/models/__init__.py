@@ -1,9 +1,21 @@
 """The tables Stalwart keeps in the application's database."""
 
 from stalwart.models.control import ConcurrencyKey, QueuePause
+from stalwart.models.counter import Counter
+from stalwart.models.dashboard import Dashboard
 from stalwart.models.job import Job, JobStatus
 from stalwart.models.lease import Lease
 from stalwart.models.process import Process
 from stalwart.models.recurring import RecurringRun
 
-__all__ = ["ConcurrencyKey", "Job", "JobStatus", "Lease", "Process", "QueuePause", "RecurringRun"]
+__all__ = [
+    "ConcurrencyKey",
+    "Counter",
+    "Dashboard",
+    "Job",
+    "JobStatus",
+    "Lease",
+    "Process",
+    "QueuePause",
+    "RecurringRun",
+]

@@ -13,6 +13,7 @@ class JobStatus(models.TextChoices):
     RUNNING = "running", "Running"  # claimed by a process (owner) for one attempt
     SUCCESSFUL = "successful", "Successful"
     FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"  # by a person, before it ran (or on its request)
 
     @property
     def task_result_status(self) -> TaskResultStatus:
@@ -27,7 +28,15 @@ _TASK_RESULT_STATUS = {
     JobStatus.RUNNING: TaskResultStatus.RUNNING,
     JobStatus.SUCCESSFUL: TaskResultStatus.SUCCESSFUL,
     JobStatus.FAILED: TaskResultStatus.FAILED,
+    # Django's statuses have no "cancelled"; FAILED is the one that says "finished, and the
+    # task did not (or was unable to) complete", so callers waiting on is_finished stop.
+    JobStatus.CANCELLED: TaskResultStatus.FAILED,
 }
+
+# The states a job can be cancelled from at once (it is waiting, no worker holds it).
+CANCELLABLE_STATES = ("scheduled", "blocked", "ready")
+# The states in which a job has ended: retention deletes them.
+FINISHED_STATES = ("successful", "failed", "cancelled")
 
 
 # The states in which a job's unique key excludes another job with the same key.
@@ -78,6 +87,9 @@ class Job(models.Model):
     # the process is unknown, so none is charged for the death; each runs alone next time,
     # where a death can only be its own. Cleared once an attempt ends.
     isolated = models.BooleanField(default=False, db_default=False)
+    # Someone asked this job to stop while it ran (``stalwart.cancel``): its worker tells
+    # the task through its context, and the job never starts another attempt.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "stalwart_job"
@@ -142,11 +154,28 @@ class Job(models.Model):
                 condition=models.Q(status="failed"),
                 name="stalwart_job_failed",
             ),
-            # Retention: finished jobs by age. With partial indexes, a claim or a success
-            # costs two index insertions (the primary key and one partial index).
+            # Failed jobs by task (the dashboard's filter, retry and discard by task).
             models.Index(
-                fields=["status", "finished_at"],
-                condition=models.Q(status__in=["successful", "failed"]),
+                fields=["task_path", "finished_at"],
+                condition=models.Q(status="failed"),
+                name="stalwart_job_failed_task",
+            ),
+            # Jobs with a unique key, whatever their state: a retry or a run-now checks that
+            # no twin goes back to waiting before it (without this index, PostgreSQL's
+            # planner prices that check as a scan per job, and compiles the query (JIT) for
+            # longer than it then runs).
+            models.Index(
+                fields=["unique_key", "id"],
+                condition=models.Q(unique_key__isnull=False),
+                name="stalwart_job_unique_key",
+            ),
+            # Finished jobs by age: retention, and the dashboard's lists of finished jobs
+            # (newest first, keyset-paginated on finished_at and id). With partial indexes, a
+            # claim or a success costs two index insertions (the primary key and one
+            # partial index).
+            models.Index(
+                fields=["status", "finished_at", "id"],
+                condition=models.Q(status__in=["successful", "failed", "cancelled"]),
                 name="stalwart_job_finished",
             ),
         ]

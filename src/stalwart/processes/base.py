@@ -255,6 +255,7 @@ class Role:
             # sweep takes it first), then the row: the last writes before the process ends.
             self.final_release()
             self._leave()
+            self._add_counts()
             connections.close_all()  # this thread's; forked children must not keep them either
             events.emit(
                 "process_stopped",
@@ -264,6 +265,15 @@ class Role:
                 reason=self.fenced_reason,
             )
         return self.exit_status
+
+    def _add_counts(self) -> None:
+        """Add what this process counted for the metrics (if they are on) before it ends."""
+        from stalwart.metrics.tally import flush_all
+
+        try:
+            flush_all()
+        except Exception as error:  # noqa: BLE001 - metrics never hold up a stop
+            events.emit("metrics_not_stored", process=self.name, error=str(error))
 
     def _register(self) -> bool:
         """Register our row, waiting out a database outage; False if stopped first."""

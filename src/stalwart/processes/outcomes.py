@@ -242,11 +242,19 @@ class OutcomeWriter:
         fields = {
             "job": item.job.id,
             "task": item.job.task_path,
+            "queue": item.job.queue_name,
             "attempt": item.job.attempt,
             "duration": item.duration,
         }
         if outcome.status == JobStatus.SUCCESSFUL:
             events.emit("job_succeeded", **fields)
+        elif outcome.status == JobStatus.CANCELLED:
+            events.emit(
+                "job_cancelled",
+                **fields,
+                ran=item.result is not None,
+                error=item.error.exception_class_path if item.error else None,
+            )
         elif outcome.status == JobStatus.SCHEDULED:
             events.emit(
                 "job_retry_scheduled",
@@ -273,7 +281,7 @@ class OutcomeWriter:
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", item.return_value)
         exception, item.exception = item.exception, None  # its frames go with this report
-        if status != TaskResultStatus.FAILED or exception is None:
+        if outcome.status != JobStatus.FAILED or exception is None:  # (not a cancelled job)
             signals.send(task_finished, "task_finished", sender=self.sender, task_result=result)
             return
         # As Django's own backends do, and its log receiver expects: the signal goes out

@@ -6,19 +6,21 @@ write and a thread whose connections are fit for the next job.
 """
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from traceback import format_exception
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_started
 
 from stalwart import events, signals
+from stalwart.context import StalwartTaskContext
 from stalwart.db import ClaimedJob, Outcome
-from stalwart.exceptions import InvalidStoredArguments, TransactionLeftOpen
+from stalwart.exceptions import InvalidStoredArguments, JobCancelled, TransactionLeftOpen
 from stalwart.models import JobStatus
 from stalwart.resolution import resolve_task
 from stalwart.results import bind_task, make_result, task_errors
@@ -71,13 +73,27 @@ def encode_errors(errors: list[TaskError]) -> str:
 
 
 def failure_outcome(
-    job: ClaimedJob, task: Any, exception: BaseException, error: TaskError
+    job: ClaimedJob,
+    task: Any,
+    exception: BaseException,
+    error: TaskError,
+    *,
+    cancel_requested: bool = False,
 ) -> tuple[Outcome, float | None]:
-    """Failed for good, or scheduled again if the task's retry policy allows another attempt.
+    """Failed for good, or scheduled again if the task's retry policy allows another attempt;
+    or cancelled, if the task stopped with ``JobCancelled`` or someone asked it to stop.
 
     Every failed attempt (a worker's death included) counts towards ``max_attempts``.
     """
     errors = [*task_errors(job.errors), error]
+    if cancel_requested or isinstance(exception, JobCancelled):
+        outcome = Outcome(
+            id=job.id,
+            attempt=job.attempt,
+            status=JobStatus.CANCELLED,
+            errors=encode_errors(errors),
+        )
+        return outcome, None
     delay = None
     if (
         isinstance(task, StalwartTask)
@@ -116,9 +132,12 @@ def _failed(
     exception: BaseException,
     started: float,
     task: Any = None,
+    *,
+    cancellation: threading.Event | None = None,
 ) -> Finished:
     error = error_for(exception)
-    outcome, retry_in = failure_outcome(job, task, exception, error)
+    requested = cancellation is not None and cancellation.is_set()
+    outcome, retry_in = failure_outcome(job, task, exception, error, cancel_requested=requested)
     return Finished(
         job=job,
         outcome=outcome,
@@ -169,9 +188,27 @@ def check_stored_arguments(job: ClaimedJob) -> None:
             raise InvalidStoredArguments(f"kwargs keys must be strings, not {key!r}")
 
 
-def run_job(job: ClaimedJob, sender: type) -> Finished:
-    """Run one attempt of ``job`` in this thread and describe its outcome."""
+def not_run(job: ClaimedJob) -> Finished:
+    """The outcome of a claimed job someone asked to cancel before the attempt began: it is
+    cancelled without running (its errors, if any, stay as they were)."""
+    return Finished(
+        job=job,
+        outcome=Outcome(id=job.id, attempt=job.attempt, status=JobStatus.CANCELLED),
+        result=None,
+        duration=0.0,
+    )
+
+
+def run_job(job: ClaimedJob, sender: type, cancellation: threading.Event | None = None) -> Finished:
+    """Run one attempt of ``job`` in this thread and describe its outcome.
+
+    ``cancellation``: set when someone asks the job to stop; the task reads it through its
+    context (``StalwartTaskContext``). Set before the attempt begins, the task is not run.
+    """
     started = time.monotonic()
+    cancellation = cancellation or threading.Event()
+    if cancellation.is_set():
+        return not_run(job)
     try:
         try:
             task = bind_task(
@@ -201,14 +238,15 @@ def run_job(job: ClaimedJob, sender: type) -> Finished:
         signals.send(task_started, "task_started", sender=sender, task_result=result)
         try:
             if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
+                context = StalwartTaskContext(task_result=result, cancellation=cancellation)
+                value = task.call(context, *job.args, **job.kwargs)
             else:
                 value = task.call(*job.args, **job.kwargs)
             left_open = transactions_left_open()
             if left_open:
                 raise TransactionLeftOpen(left_open)
         except BaseException as exception:  # noqa: BLE001 - SystemExit and friends fail the job only
-            return _failed(job, result, exception, started, task)
+            return _failed(job, result, exception, started, task, cancellation=cancellation)
         try:
             value = normalize_return_value(value)
         except (TypeError, ValueError) as exception:

@@ -16,6 +16,7 @@ the supervisor that reaps it (or a prune) gives them back.
 """
 
 import contextlib
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -39,6 +40,7 @@ from stalwart.processes.runner import (
     crashed_attempt,
     error_for,
     failure_outcome,
+    not_run,
     run_job,
 )
 from stalwart.resolution import resolve_task
@@ -81,6 +83,10 @@ class Worker(Role):
         self.stop_when_empty = stop_when_empty
         self.pool = JobPool(worker.threads, self._run_job, self.waker.wake, crashed=crashed_attempt)
         self.held: dict[Any, ClaimedJob] = {}  # claimed by us and not yet written
+        # Per held job: set when someone asks it to stop (read by the task's context).
+        self.cancellations: dict[Any, threading.Event] = {}
+        # Claimed jobs someone had asked to cancel before: written, never run.
+        self._not_run: list[Finished] = []
         self.jobs_done = 0
         self._listener: Listener | None = None
         self._next_promotion = 0.0
@@ -235,16 +241,26 @@ class Worker(Role):
         )
 
     def _reconcile(self) -> None:
-        """Give back running jobs the database says are ours but we do not hold.
+        """Give back running jobs the database says are ours but we do not hold, and tell
+        the tasks of those someone asked to cancel.
 
         A claim can commit while its answer is lost (a dropped connection, a retry after a
-        timeout); without this such jobs would stay running for as long as we live.
+        timeout); without this such jobs would stay running for as long as we live. The same
+        statement, once a heartbeat interval, carries the cancel requests: no query per job.
         """
-        unknown = [
-            (job_id, attempt)
-            for job_id, attempt in self.store.owned_running(owner=self.registration.id)
-            if job_id not in self.held
-        ]
+        owned = self.store.owned_running(owner=self.registration.id)
+        unknown = [(job_id, attempt) for job_id, attempt, _ in owned if job_id not in self.held]
+        for job_id, _, requested in owned:
+            cancellation = self.cancellations.get(job_id)
+            if requested and cancellation is not None and not cancellation.is_set():
+                # The same look tells the running task that someone wants it to stop.
+                cancellation.set()
+                events.emit(
+                    "job_cancel_requested",
+                    job=job_id,
+                    task=self.held[job_id].task_path,
+                    process=self.name,
+                )
         if unknown:
             released = self.store.release(owner=self.registration.id, jobs=unknown)
             events.emit("jobs_reconciled", process=self.name, count=len(released))
@@ -291,7 +307,7 @@ class Worker(Role):
 
     def _run_job(self, job: ClaimedJob) -> Finished:
         events.emit("job_started", job=job.id, task=job.task_path, attempt=job.attempt)
-        return run_job(job, self._sender)
+        return run_job(job, self._sender, self.cancellations.get(job.id))
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -320,7 +336,8 @@ class Worker(Role):
             claimed.extend(jobs)
             self._hold(jobs)
 
-        finished = self.pool.take_finished()
+        finished = self.pool.take_finished() + self._not_run
+        self._not_run = []
         for item in finished:
             # Ended: however long its outcome waits to be written, it is not timing out.
             self.deadlines.pop(item.job.id, None)
@@ -329,6 +346,7 @@ class Worker(Role):
         )
         for item in settled:
             self.held.pop(item.job.id, None)
+            self.cancellations.pop(item.job.id, None)
             self.deadlines.pop(item.job.id, None)
             self.timed_out.pop(item.job.id, None)  # it finished after all: that result stands
             self.jobs_done += 1
@@ -340,12 +358,19 @@ class Worker(Role):
             return
         events.emit("jobs_claimed", process=self.name, count=len(jobs))
         started = time.monotonic()
+        runnable = []
         for job in jobs:
             self.held[job.id] = job
+            if job.cancel_requested_at is not None:
+                # Asked to stop during an earlier attempt: it never starts another.
+                self._not_run.append(not_run(job))
+                continue
+            self.cancellations[job.id] = threading.Event()
+            runnable.append(job)
             timeout = task_timeout(job.task_path)
             if timeout is not None:
                 self.deadlines[job.id] = (started + timeout, timeout)
-        for job in jobs:
+        for job in runnable:
             self.pool.submit(job)
 
     def _write_timeouts(self) -> None:

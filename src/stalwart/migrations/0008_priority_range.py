@@ -33,7 +33,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("stalwart", "0006_isolated_jobs"),
+        ("stalwart", "0007_dashboard_cancel_metrics"),
     ]
 
     operations = [

@@ -1,0 +1,394 @@
+"""Reading jobs for people: lists by state with filters and keyset pages, capped counts,
+and one job in full. The dashboard and the ``queue jobs`` / ``queue show`` commands show
+the same data because they read it here.
+
+Fast on a table of millions: every list walks an index in its own order (the claim's for
+ready jobs, the finished index for finished ones) and stops after a page; the next page
+starts after the last row seen (keyset pagination: no OFFSET, which would read every row it
+skips); counts stop at a cap, and above it PostgreSQL's planner gives an estimate.
+"""
+
+import base64
+import binascii
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+from django.db.models import Q, QuerySet
+
+from stalwart.models import ConcurrencyKey, Job, JobStatus, Process
+
+# The states, in the order the dashboard's tabs and the command's help list them.
+STATES = ("ready", "scheduled", "running", "blocked", "failed", "successful", "cancelled")
+FINISHED = ("failed", "successful", "cancelled")
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+COUNT_CAP = 10_000
+
+# Each state's order: (field, descending), ending with the id so that it is total. Each
+# matches a partial index, so a page reads a page's worth of index entries.
+ORDERS: dict[str | None, tuple[tuple[str, bool], ...]] = {
+    "ready": (("priority", True), ("available_at", False), ("id", False)),
+    "scheduled": (("available_at", False), ("id", False)),
+    "blocked": (
+        ("concurrency_key", False),
+        ("priority", True),
+        ("available_at", False),
+        ("id", False),
+    ),
+    "running": (("last_attempted_at", True), ("id", True)),
+    "failed": (("finished_at", True), ("id", True)),
+    "successful": (("finished_at", True), ("id", True)),
+    "cancelled": (("finished_at", True), ("id", True)),
+    # Every state: newest first (ids are UUIDv7, ordered by creation time).
+    None: (("id", True),),
+}
+# The time a state's time-range filter applies to: the one its order starts with.
+TIME_FIELDS = {
+    "ready": "available_at",
+    "scheduled": "available_at",
+    "blocked": "available_at",
+    "running": "last_attempted_at",
+    "failed": "finished_at",
+    "successful": "finished_at",
+    "cancelled": "finished_at",
+    None: "enqueued_at",
+}
+# What a list shows: never the arguments (they may hold personal data), nor the result.
+LIST_FIELDS = (
+    "id",
+    "task_path",
+    "queue_name",
+    "priority",
+    "status",
+    "enqueued_at",
+    "available_at",
+    "run_after",
+    "started_at",
+    "last_attempted_at",
+    "finished_at",
+    "attempt",
+    "max_attempts",
+    "owner",
+    "concurrency_key",
+    "unique_key",
+    "isolated",
+    "cancel_requested_at",
+)
+
+
+class InvalidCursor(ValueError):
+    """A page cursor that this module did not make (or that was changed on the way)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs a list shows. Every field narrows it; None means "any"."""
+
+    state: str | None = None
+    task: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in STATES:
+            raise ValueError(f"{self.state!r} is not a job state (one of {', '.join(STATES)}).")
+
+    @property
+    def time_field(self) -> str:
+        return TIME_FIELDS[self.state]
+
+    def queryset(self, database: str) -> QuerySet:
+        jobs = Job.objects.using(database)
+        if self.state is not None:
+            jobs = jobs.filter(status=self.state)
+        if self.task:
+            jobs = jobs.filter(task_path=self.task)
+        if self.queue:
+            jobs = jobs.filter(queue_name=self.queue)
+        if self.priority is not None:
+            jobs = jobs.filter(priority=self.priority)
+        if self.since is not None:
+            jobs = jobs.filter(**{f"{self.time_field}__gte": self.since})
+        if self.until is not None:
+            jobs = jobs.filter(**{f"{self.time_field}__lt": self.until})
+        return jobs
+
+
+@dataclass(slots=True)
+class Page:
+    """One page of a list, and the cursors of its neighbours (None: there is none)."""
+
+    rows: list[Job]
+    next: str | None = None
+    previous: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """How many jobs match, up to ``COUNT_CAP``; above it, ``estimate`` if one was made."""
+
+    value: int
+    capped: bool = False
+    estimate: int | None = None
+
+    def __str__(self) -> str:
+        if not self.capped:
+            return f"{self.value:,}"
+        if self.estimate is not None and self.estimate > self.value:
+            return f"≈ {self.estimate:,}"
+        return f"{self.value:,}+"
+
+
+# -- cursors ---------------------------------------------------------------------------------
+
+
+def _encode(values: list[Any]) -> str:
+    tagged = []
+    for value in values:
+        if isinstance(value, datetime):
+            tagged.append(["d", value.isoformat()])
+        elif isinstance(value, uuid.UUID):
+            tagged.append(["u", str(value)])
+        elif isinstance(value, int):
+            tagged.append(["i", value])
+        else:
+            tagged.append(["s", str(value)])
+    return base64.urlsafe_b64encode(json.dumps(tagged).encode()).decode().rstrip("=")
+
+
+def _decode(cursor: str, length: int) -> list[Any]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        tagged = json.loads(raw)
+        readers = {"d": datetime.fromisoformat, "u": uuid.UUID, "i": int, "s": str}
+        values = [readers[tag](value) for tag, value in tagged]
+    except (ValueError, TypeError, KeyError, binascii.Error, json.JSONDecodeError):
+        raise InvalidCursor(f"{cursor!r} is not a page cursor.") from None
+    if len(values) != length:
+        raise InvalidCursor(f"{cursor!r} is not a page cursor for this list.")
+    return values
+
+
+def _beyond(order: tuple[tuple[str, bool], ...], values: list[Any]) -> Q:
+    """Rows strictly after ``values`` in ``order``: (a, b) after (x, y) is a > x, or a = x
+    and b > y, each "greater" in its column's direction. The first column's bound comes
+    first, so the database reads the index from there."""
+    first, descending = order[0]
+    bound = Q(**{f"{first}__{'lte' if descending else 'gte'}": values[0]})
+    after = Q(pk__in=[])
+    for index, (name, desc) in enumerate(order):
+        equal = {column: value for (column, _), value in zip(order[:index], values, strict=False)}
+        after |= Q(**equal) & Q(**{f"{name}__{'lt' if desc else 'gt'}": values[index]})
+    return bound & after
+
+
+def _order_by(order: tuple[tuple[str, bool], ...], *, reverse: bool = False) -> list[str]:
+    return [f"{'-' if desc != reverse else ''}{name}" for name, desc in order]
+
+
+def _position(job: Job, order: tuple[tuple[str, bool], ...]) -> str:
+    return _encode([getattr(job, name) for name, _ in order])
+
+
+# -- lists and counts ------------------------------------------------------------------------
+
+
+def list_jobs(
+    database: str,
+    where: JobFilter,
+    *,
+    limit: int = PAGE_SIZE,
+    after: str | None = None,
+    before: str | None = None,
+    fields: tuple[str, ...] = LIST_FIELDS,
+) -> Page:
+    """A page of jobs in the state's order: the first, or the one after (before) a cursor."""
+    order = ORDERS[where.state]
+    limit = max(1, min(limit, MAX_PAGE_SIZE))
+    jobs = where.queryset(database).only(*fields)
+    backwards = before is not None
+    if after is not None:
+        jobs = jobs.filter(_beyond(order, _decode(after, len(order))))
+    elif before is not None:
+        reversed_order = tuple((name, not desc) for name, desc in order)
+        jobs = jobs.filter(_beyond(reversed_order, _decode(before, len(order))))
+    rows = list(jobs.order_by(*_order_by(order, reverse=backwards))[: limit + 1])
+    more = len(rows) > limit
+    if backwards and not more:
+        # Back at the start: the first page, full, with no "previous".
+        return list_jobs(database, where, limit=limit, fields=fields)
+    rows = rows[:limit]
+    if backwards:
+        rows.reverse()
+    page = Page(rows=rows)
+    if rows:
+        if more or backwards:
+            page.next = _position(rows[-1], order)
+        if (more and backwards) or after is not None:
+            page.previous = _position(rows[0], order)
+    return page
+
+
+def count_jobs(database: str, where: JobFilter, *, cap: int = COUNT_CAP) -> Count:
+    """How many jobs match: exact up to ``cap``; above it, an estimate where one is cheap."""
+    jobs = where.queryset(database)
+    value = jobs.values("pk")[: cap + 1].count()
+    if value <= cap:
+        return Count(value)
+    return Count(cap, capped=True, estimate=_estimate(jobs))
+
+
+def _estimate(jobs: QuerySet) -> int | None:
+    """The planner's row estimate for a query (PostgreSQL; None elsewhere)."""
+    if connections[jobs.db].vendor != "postgresql":
+        return None
+    plan = json.loads(jobs.values("pk").explain(format="json"))
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def state_counts(database: str, where: JobFilter, *, cap: int = COUNT_CAP) -> dict[str, Count]:
+    """Each state's count under the other filters (the dashboard's tabs)."""
+    counts = {}
+    for state in STATES:
+        narrowed = JobFilter(
+            state=state,
+            task=where.task,
+            queue=where.queue,
+            priority=where.priority,
+            since=where.since,
+            until=where.until,
+        )
+        counts[state] = count_jobs(database, narrowed, cap=cap)
+    return counts
+
+
+# -- what a page of jobs needs besides the rows ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The process a running job belongs to, as far as its row tells."""
+
+    id: int
+    name: str | None
+    hostname: str | None
+    pid: int | None
+    heartbeat_age: float | None
+    alive: bool
+
+
+def owners(database: str, jobs: list[Job], *, now: datetime, threshold: float) -> dict:
+    """``{process id: Owner}`` for the owners of these jobs. A process with no row, or with
+    a heartbeat older than ``threshold`` seconds, is dead."""
+    ids = sorted({job.owner for job in jobs if job.owner is not None})
+    found = {
+        row.id: Owner(
+            id=row.id,
+            name=row.name,
+            hostname=row.hostname,
+            pid=row.pid,
+            heartbeat_age=(now - row.last_heartbeat_at).total_seconds(),
+            alive=(now - row.last_heartbeat_at).total_seconds() <= threshold,
+        )
+        for row in Process.objects.using(database).filter(id__in=ids)
+    }
+    for missing in set(ids) - set(found):
+        found[missing] = Owner(missing, None, None, None, None, alive=False)
+    return found
+
+
+@dataclass(slots=True)
+class KeyHolders:
+    """A concurrency key's limit and the jobs holding its slots (ready or running)."""
+
+    key: str
+    limit: int | None
+    holders: list[Job] = field(default_factory=list)
+
+
+def slot_holders(database: str, jobs: list[Job], *, per_key: int = 10) -> dict[str, KeyHolders]:
+    """For the concurrency keys of these jobs: who holds their slots."""
+    keys = sorted({job.concurrency_key for job in jobs if job.concurrency_key})
+    limits = dict(
+        ConcurrencyKey.objects.using(database).filter(key__in=keys).values_list("key", "slot_limit")
+    )
+    result = {key: KeyHolders(key=key, limit=limits.get(key)) for key in keys}
+    for key in keys:
+        result[key].holders = list(
+            Job.objects.using(database)
+            .filter(concurrency_key=key, status__in=["ready", "running"])
+            .only("id", "status", "owner", "task_path", "concurrency_key")
+            .order_by("id")[:per_key]
+        )
+    return result
+
+
+# -- one job ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One failed attempt's error (deaths included): its class and its traceback."""
+
+    number: int
+    exception_class_path: str
+    traceback: str
+
+    @property
+    def message(self) -> str:
+        """The traceback's last line: the exception and its message."""
+        lines = [line for line in self.traceback.strip().splitlines() if line.strip()]
+        return lines[-1] if lines else self.exception_class_path
+
+
+def attempts(job: Job) -> list[Attempt]:
+    return [
+        Attempt(
+            number=index,
+            exception_class_path=str(error.get("exception_class_path", "")),
+            traceback=str(error.get("traceback", "")),
+        )
+        for index, error in enumerate(job.errors or [], start=1)
+        if isinstance(error, dict)
+    ]
+
+
+def find_job(database: str, job_id: Any) -> Job | None:
+    """The whole row of one job, or None (also for something that is not a job id)."""
+    try:
+        key = uuid.UUID(str(job_id))
+    except ValueError:
+        return None
+    return Job.objects.using(database).filter(pk=key).first()
+
+
+def as_dict(job: Job, *, with_arguments: bool = True) -> dict[str, Any]:
+    """A job as JSON-ready data: what ``queue show --json`` prints."""
+    data: dict[str, Any] = {}
+    for name in (*LIST_FIELDS, "worker_ids", "concurrency_limit", "unique_while_running"):
+        value = getattr(job, name)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
+        data[name] = value
+    data["task_result_status"] = str(JobStatus(job.status).task_result_status)
+    data["errors"] = [
+        {
+            "attempt": attempt.number,
+            "exception_class_path": attempt.exception_class_path,
+            "traceback": attempt.traceback,
+        }
+        for attempt in attempts(job)
+    ]
+    data["return_value"] = job.return_value
+    if with_arguments:
+        data["args"] = job.args
+        data["kwargs"] = job.kwargs
+    return data

@@ -1,0 +1,113 @@
+"""A cancel racing a claim for the same waiting job, on two real PostgreSQL connections.
+
+The pausing trigger of the claim races stops one statement between its row lock and its
+write, so the other acts at exactly that moment: whoever locked the row first wins, and the
+loser leaves the row as the winner wrote it.
+"""
+
+import threading
+
+import pytest
+from django.db import connection, connections
+
+import stalwart
+from stalwart.control import Cancelled
+from stalwart.models import Job
+from tests.concurrency.test_claim_races import (  # the race machinery, shared
+    ClaimThread,
+    claim,
+    pause_trigger,  # noqa: F401 - a fixture
+    release,
+    wait_until_paused,
+)
+from tests.helpers import register_processes, wait_for
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def processes():
+    register_processes(1, 2)
+
+
+class CancelThread(threading.Thread):
+    """``stalwart.cancel`` on its own connection; optionally paused mid-statement."""
+
+    def __init__(self, job_id: str, *, paused: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.job_id, self.paused = job_id, paused
+        self.done: Cancelled | None = None
+        self.error: BaseException | None = None
+        self.backend_pid: int | None = None
+
+    def run(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.backend_pid = cursor.fetchone()[0]
+                if self.paused:
+                    cursor.execute("SET stalwart.pause = 'on'")
+            self.done = stalwart.cancel(self.job_id)
+        except BaseException as error:  # noqa: BLE001 - reported by result()
+            self.error = error
+        finally:
+            connections.close_all()
+
+    def result(self, timeout: float = 10.0) -> Cancelled:
+        self.join(timeout)
+        assert not self.is_alive(), "the cancel did not finish"
+        if self.error:
+            raise self.error
+        return self.done
+
+
+def waiting_for_a_row_lock(backend_pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted "
+            "AND locktype IN ('transactionid', 'tuple')",
+            [backend_pid],
+        )
+        return cursor.fetchone() is not None
+
+
+def test_a_claim_that_locked_the_job_first_wins_and_the_cancel_asks_it_to_stop(
+    pause_trigger,  # noqa: F811 - the fixture imported above
+):
+    job = tasks.noop.enqueue()
+    claiming = ClaimThread(owner=1, limit=1, paused=True)
+    claiming.start()
+    wait_until_paused(wait_for(lambda: claiming.backend_pid, message="the claim to start"))
+    # The claim holds the row, between its lock and its write: the cancel waits for it.
+    cancelling = CancelThread(job.id)
+    cancelling.start()
+    wait_for(
+        lambda: cancelling.backend_pid and waiting_for_a_row_lock(cancelling.backend_pid),
+        message="the cancel to wait for the claim's row lock",
+    )
+    release(pause_trigger)
+    assert [str(claimed.id) for claimed in claiming.result()] == [job.id]
+    # The cancel found the job running: it did not cancel it, it asked it to stop.
+    assert cancelling.result() == Cancelled(cancelled=0, requested=1)
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.owner, row.attempt) == ("running", 1, 1)
+    assert row.cancel_requested_at is not None
+    assert row.finished_at is None
+
+
+def test_a_cancel_that_locked_the_job_first_wins_and_the_claim_skips_it(
+    pause_trigger,  # noqa: F811 - the fixture imported above
+):
+    job = tasks.noop.enqueue()
+    other = tasks.noop.enqueue()
+    cancelling = CancelThread(job.id, paused=True)
+    cancelling.start()
+    wait_until_paused(wait_for(lambda: cancelling.backend_pid, message="the cancel to start"))
+    # The cancel holds the row between its lock and its write: a claim passes it by.
+    assert [str(claimed.id) for claimed in claim(owner=2, limit=2)] == [other.id]
+    release(pause_trigger)
+    assert cancelling.result() == Cancelled(cancelled=1, requested=0)
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.owner, row.attempt) == ("cancelled", None, 0)
+    assert claim(owner=2, limit=2) == []

@@ -1,0 +1,227 @@
+"""Every page of the dashboard through Django's test client, as an operator reads it."""
+
+import copy
+import re
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db.models.functions import Now
+from django.test import override_settings
+from django.utils import timezone
+
+from stalwart import Call, control, enqueue_many
+from stalwart.models import Job, Process
+from tests.dashboard.conftest import ADMIN
+from tests.helpers import drain
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def text(response) -> str:
+    assert response.status_code == 200, response.content[:2000]
+    return response.content.decode()
+
+
+def listed(response) -> list[str]:
+    """The job ids of a list page, in order."""
+    return re.findall(r'<tr data-job="([0-9a-f-]+)"', text(response))
+
+
+def process(kind: str = "worker", *, supervisor=None, queues="*", silent_for: float = 0):
+    return Process.objects.create(
+        kind=kind,
+        name=f"{kind}-host-{Process.objects.count()}",
+        pid=4242,
+        hostname="host-a",
+        supervisor=supervisor,
+        created_at=Now(),
+        last_heartbeat_at=timezone.now() - timedelta(seconds=silent_for),
+        metadata={"queues": queues, "threads": 4, "busy": 1, "rss_bytes": 50 * 2**20},
+    )
+
+
+def test_the_admin_index_leads_to_the_dashboard(viewer):
+    index = text(viewer.get("/admin/"))
+    assert "/admin/stalwart/dashboard/" in index
+    response = viewer.get("/admin/stalwart/dashboard/")
+    assert response.status_code == 302
+    assert response["Location"] == ADMIN + "/"
+
+
+def test_the_overview_shows_each_queue_with_its_counts_latency_and_workers(viewer):
+    tasks.add.enqueue(1, 1)
+    tasks.add.using(queue_name="mail").enqueue(2, 2)
+    tasks.always_fails.using(queue_name="mail").enqueue()
+    drain(queues="mail")
+    tasks.add.using(queue_name="mail").enqueue(3, 3)
+    control.pause("mail")
+    tasks.add.using(queue_name="quiet").enqueue(4, 4)
+    drain(queues="quiet")  # a queue with nothing left but a job done in the hour
+    process(queues="default")
+    page = text(viewer.get(ADMIN + "/"))
+    quiet = page[page.index('data-queue="quiet"') :].split("</tr>")[0]
+    cells = re.findall(r'<td class="number">(?:<a [^>]*>)?([^<]*)', quiet)
+    assert cells[5:8] == ["\u2013", "1", "0"]  # no latency; one success in the hour
+    mail = page[page.index('data-queue="mail"') :].split("</tr>")[0]
+    cells = re.findall(r'<td class="number">(?:<a [^>]*>)?([^<]*)', mail)
+    # ready, scheduled, running, blocked, failed, latency, succeeded and failed in the hour
+    assert cells[:5] == ["1", "0", "0", "0", "1"]
+    assert cells[6:8] == ["1", "1"]
+    assert "paused" in mail
+    assert "no live worker" in mail
+    default = page[page.index('data-queue="default"') :].split("</tr>")[0]
+    assert "worker-host-0" in default
+    assert ">Pause</button>" not in page  # a viewer sees no buttons
+
+
+def test_each_state_lists_its_jobs_in_its_order(viewer):
+    low = tasks.add.using(priority=-1).enqueue(1, 1)
+    high = tasks.add.using(priority=9).enqueue(2, 2)
+    soon = tasks.add.using(run_after=timezone.now() + timedelta(minutes=5)).enqueue(3, 3)
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=5)).enqueue(4, 4)
+    assert listed(viewer.get(ADMIN + "/jobs/ready/")) == [high.id, low.id]
+    assert listed(viewer.get(ADMIN + "/jobs/scheduled/")) == [soon.id, later.id]
+    page = text(viewer.get(ADMIN + "/jobs/ready/"))
+    assert re.search(r"Ready <span class=\"badge\">2</span>", page)
+    assert re.search(r"Scheduled <span class=\"badge\">2</span>", page)
+
+
+def test_filters_narrow_every_list_and_its_counts(viewer):
+    tasks.add.enqueue(1, 1)
+    mail = tasks.add.using(queue_name="mail", priority=5).enqueue(2, 2)
+    noop = tasks.noop.using(queue_name="mail").enqueue()
+    assert listed(viewer.get(ADMIN + "/jobs/ready/?queue=mail")) == [mail.id, noop.id]
+    assert listed(viewer.get(ADMIN + "/jobs/ready/?queue=mail&priority=5")) == [mail.id]
+    assert listed(viewer.get(ADMIN + "/jobs/ready/?task=tests.testapp.tasks.noop")) == [noop.id]
+    Job.objects.filter(pk=noop.id).update(available_at=timezone.now() - timedelta(days=2))
+    since = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    assert noop.id not in listed(viewer.get(ADMIN + f"/jobs/ready/?queue=mail&since={since}"))
+    assert listed(viewer.get(ADMIN + f"/jobs/ready/?queue=mail&until={since}")) == [noop.id]
+    page = text(viewer.get(ADMIN + "/jobs/ready/?queue=mail"))
+    assert 'href="/admin/stalwart/dashboard/default/jobs/failed/?queue=mail"' in page
+    bad = text(viewer.get(ADMIN + "/jobs/ready/?priority=500&queue=no%20spaces"))
+    assert "Ensure this value is less than or equal to 100" in bad
+
+
+def test_search_by_id_opens_the_job_or_says_it_is_not_there(viewer):
+    job = tasks.add.enqueue(1, 1)
+    response = viewer.get(ADMIN + f"/jobs/ready/?id={job.id}")
+    assert response.status_code == 302
+    assert response["Location"] == f"{ADMIN}/job/{job.id}/"
+    missing = "01939f2e-0000-7000-8000-000000000000"
+    assert f"No job has the id {missing}" in text(viewer.get(ADMIN + f"/jobs/ready/?id={missing}"))
+
+
+def test_pages_of_a_long_list_go_forward_and_back_by_cursor(viewer):
+    jobs = enqueue_many(tasks.add, [Call(n, n) for n in range(120)])
+    ids = [job.id for job in jobs]
+    first = viewer.get(ADMIN + "/jobs/ready/?queue=default")
+    assert listed(first) == ids[:50]
+    after = re.search(r'href="\?queue=default&amp;after=([^"]+)" rel="next"', text(first))[1]
+    second = viewer.get(ADMIN + f"/jobs/ready/?queue=default&after={after}")
+    assert listed(second) == ids[50:100]
+    third_cursor = re.search(r'after=([^"]+)" rel="next"', text(second))[1]
+    third = viewer.get(ADMIN + f"/jobs/ready/?after={third_cursor}")
+    assert listed(third) == ids[100:]
+    assert 'rel="next"' not in text(third)
+    before = re.search(r'before=([^"]+)" rel="prev"', text(third))[1]
+    assert listed(viewer.get(ADMIN + f"/jobs/ready/?before={before}")) == ids[50:100]
+    assert viewer.get(ADMIN + "/jobs/ready/?after=not-a-cursor").status_code == 400
+    assert viewer.get(ADMIN + "/jobs/lost/").status_code == 404
+    assert viewer.get("/admin/stalwart/dashboard/nope/").status_code == 404
+
+
+def test_running_jobs_show_their_process_its_heartbeat_and_whether_it_is_dead(viewer):
+    alive, dead = process(), process(silent_for=600)
+    one, two, orphan = (tasks.add.enqueue(n, n) for n in range(3))
+    for job, owner in ((one, alive.id), (two, dead.id), (orphan, 999_999)):
+        Job.objects.filter(pk=job.id).update(
+            status="running", owner=owner, attempt=1, last_attempted_at=timezone.now()
+        )
+    page = text(viewer.get(ADMIN + "/jobs/running/"))
+    rows = {
+        job_id: page[page.index(f'data-job="{job_id}"') :].split("</tr>")[0]
+        for job_id in (one.id, two.id, orphan.id)
+    }
+    assert "pid 4242 on host-a" in rows[one.id]
+    assert "dead" not in rows[one.id]
+    assert '<span class="badge bad">dead</span>' in rows[two.id]
+    assert '<span class="badge bad">dead</span> (no row)' in rows[orphan.id]
+
+
+def test_blocked_jobs_show_their_key_and_who_holds_its_slots(viewer):
+    from django.tasks import default_task_backend
+
+    holder = tasks.one_at_a_time.enqueue("acct-1")
+    waiting = tasks.one_at_a_time.enqueue("acct-1")
+    default_task_backend.store.unblock(["acct-1"])
+    page = text(viewer.get(ADMIN + "/jobs/blocked/"))
+    row = page[page.index(f'data-job="{waiting.id}"') :].split("</tr>")[0]
+    assert "acct-1" in row
+    assert "(limit 1)" in row
+    assert f"/job/{holder.id}/" in row
+
+
+def test_failed_jobs_show_their_last_error(viewer):
+    job = tasks.fail.enqueue("the disk is full")
+    drain()
+    page = text(viewer.get(ADMIN + "/jobs/failed/"))
+    row = page[page.index(f'data-job="{job.id}"') :].split("</tr>")[0]
+    assert "ValueError: the disk is full" in row
+
+
+def test_a_job_shows_every_attempt_and_hides_its_arguments_behind_a_click(viewer):
+    job = tasks.always_fails.enqueue()
+    drain()
+    page = text(viewer.get(ADMIN + f"/job/{job.id}/"))
+    assert page.count('<section class="attempt"') == 3
+    assert page.count("ConnectionError: never works") >= 3
+    assert "Traceback (most recent call last)" in page
+    assert re.search(r'<details id="arguments">\s*<summary>Show the arguments', page)
+    for label in ("Enqueued", "Run after", "Available", "Started", "Last attempt", "Finished"):
+        assert f"<dt>{label}</dt>" in page
+    assert "worker-" in page  # worker ids
+    done = tasks.add.enqueue(20, 22)
+    drain()
+    success = text(viewer.get(ADMIN + f"/job/{done.id}/"))
+    assert re.search(r'<details id="return-value">.*<pre>42</pre>', success, re.S)
+    assert "No attempt of this job has failed." in success
+    missing = "01939f2e-0000-7000-8000-000000000000"
+    assert viewer.get(ADMIN + f"/job/{missing}/").status_code == 404
+
+
+def test_processes_show_supervisors_with_their_children_and_mark_the_dead(viewer):
+    supervisor = process("supervisor", queues=None)
+    process(supervisor=supervisor.id)
+    process("dispatcher", supervisor=supervisor.id, queues=None, silent_for=600)
+    page = text(viewer.get(ADMIN + "/processes/"))
+    order = re.findall(r'<tr class="(child)?" data-process="(\d+)"', page)
+    assert [child for child, _ in order] == ["", "child", "child"]
+    assert page.count('<span class="badge bad">dead</span>') == 1
+    assert "1 / 4" in page  # busy threads
+    assert "50 MB" in page
+
+
+def test_recurring_tasks_show_their_schedule_and_runs():
+    tasks_setting = copy.deepcopy(settings.TASKS)
+    tasks_setting["default"]["OPTIONS"]["recurring"] = {
+        "nightly": {"task": "tests.testapp.tasks.noop", "schedule": "@daily"},
+        "broken": {"task": "tests.testapp.tasks.nowhere", "schedule": "@hourly"},
+    }
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    with override_settings(TASKS=tasks_setting):
+        user = User.objects.create_user("r", password="pw", is_staff=True)  # noqa: S106 - a test user
+        user.user_permissions.add(Permission.objects.get(codename="view_dashboard"))
+        client = Client()
+        client.force_login(user)
+        page = text(client.get(ADMIN + "/recurring/"))
+    nightly = page[page.index('data-key="nightly"') :].split("</tr>")[0]
+    assert "@daily" in nightly
+    assert "never" in nightly  # no run yet
+    assert re.search(r"in \d+(\.\d)? (h|min)", nightly)  # the next run
+    broken = page[page.index('data-key="broken"') :].split("</tr>")[0]
+    assert "cannot be enqueued" in broken
