@@ -38,7 +38,7 @@ def terminate(application_name: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name = %s",
+            "WHERE application_name = %s AND datname = current_database()",
             [application_name],
         )
         return cursor.fetchone()[0]
