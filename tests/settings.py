@@ -5,6 +5,7 @@
   PGPASSWORD), default 127.0.0.1:5432 as ``postgres``.
 
 Processes the tests start get ``STALWART_DB_NAME``: the test database itself.
+``STALWART_QUEUE_DATABASE`` (a path) puts the queue in a SQLite database of its own.
 """
 
 import json
@@ -115,6 +116,15 @@ TASKS = {
     },
     "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend", "QUEUES": []},
 }
+
+if os.environ.get("STALWART_QUEUE_DATABASE"):
+    # The queue in a database of its own (a SQLite file at this path), as OPTIONS["database"]
+    # allows.
+    DATABASES["queue"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ["STALWART_QUEUE_DATABASE"],
+    }
+    TASKS["default"]["OPTIONS"]["database"] = "queue"
 
 LOGGING = {
     "version": 1,

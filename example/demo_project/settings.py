@@ -14,13 +14,8 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("STALWART_DEMO_DB", BASE_DIR / "db.sqlite3"),
-        "OPTIONS": {
-            # Take the write lock at BEGIN, wait up to 20 s for it, and let readers and the
-            # writer work side by side (WAL).
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        },
+        # No OPTIONS: Stalwart gives the queue's SQLite connections what several processes
+        # need (WAL, IMMEDIATE transactions, a 20 s busy timeout).
     }
 }
 
@@ -36,10 +31,18 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"short": {"format": "  worker: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "short"}},
+    "filters": {"on_purpose": {"()": "shop.logs.OnPurpose"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "short",
+            "filters": ["on_purpose"],
+        }
+    },
     "loggers": {
         "stalwart": {"handlers": ["console"], "level": "INFO"},
-        # Django logs every task start and finish at INFO; Stalwart's own lines say as much.
-        "django.tasks": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        # Django logs every task start and finish, and each failure with its traceback;
+        # Stalwart's own lines say as much.
+        "django.tasks": {"handlers": ["console"], "level": "CRITICAL", "propagate": False},
     },
 }

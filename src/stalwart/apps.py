@@ -12,7 +12,9 @@ class StalwartConfig(AppConfig):
 
         from stalwart import log
         from stalwart.checks import check_settings
+        from stalwart.db import sqlite_defaults
         from stalwart.processes import forking  # noqa: F401 - its at-fork hook, registered early
 
         log.install()
+        sqlite_defaults.install()
         checks.register(check_settings)

@@ -1,8 +1,14 @@
-"""``StalwartBackend``: Django's task backend API, with jobs stored in the database."""
+"""``StalwartBackend``: Django's task backend API, with jobs stored in the database.
+
+The module loads without Stalwart's app installed (its models, and ``stalwart.db``, which
+needs them, are imported when first used), so that a project that forgot ``"stalwart"`` in
+``INSTALLED_APPS`` gets the system check ``stalwart.E004`` and an ``ImproperlyConfigured``
+at enqueue that say so, not a ``RuntimeError`` from deep in Django's model registry.
+"""
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 from django.db import transaction
@@ -13,15 +19,13 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from stalwart import events, signals
+from stalwart.calls import call_signature, check_call, check_importable
+from stalwart.checks import require_app
 from stalwart.conf import Options, read_options
-from stalwart.db import NewJob
 from stalwart.exceptions import TaskNotFound
 from stalwart.ids import uuid7
-from stalwart.jobs import JobStore
-from stalwart.models import Job, JobStatus
 from stalwart.queues import validate_queue_name
 from stalwart.resolution import resolve_task
-from stalwart.results import make_result, result_from_job
 from stalwart.serialization import encode_arguments, normalize_arguments
 from stalwart.task import StalwartTask
 
@@ -38,13 +42,33 @@ class StalwartBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         super().__init__(alias, params)
         self.config: Options = read_options(alias, params)
-        self.store = JobStore(self.config.database, notify=self.config.listen_notify)
         if self.config.metrics:
             from stalwart.metrics import tally
 
             tally.install(self.config.database)
 
+    @cached_property
+    def store(self) -> Any:
+        require_app()
+        from stalwart.jobs import JobStore
+
+        return JobStore(self.config.database, notify=self.config.listen_notify)
+
     def validate_task(self, task: Task) -> None:
+        qualname = getattr(task.func, "__qualname__", "")
+        if "<locals>" in qualname:
+            # Django's sentence, and why: the worker finds a task by its module and name.
+            raise InvalidTask(
+                f"Task function must be defined at a module level: {qualname!r} is defined "
+                "inside a function, so a worker process could not import it."
+            )
+        if self.queues and task.queue_name not in self.queues:
+            allowed = ", ".join(repr(name) for name in sorted(self.queues))
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} is not valid for backend. TASKS[{self.alias!r}]"
+                f"['QUEUES'] allows {allowed}: add {task.queue_name!r} to it, or set it to [] "
+                "to allow any queue name."
+            )
         super().validate_task(task)
         validate_queue_name(task.queue_name)
 
@@ -71,7 +95,16 @@ class StalwartBackend(BaseTaskBackend):
         bulk: bool,
         ids: Sequence[uuid.UUID] = (),
     ) -> list[TaskResult]:
+        require_app()
+        from stalwart.db import NewJob
+        from stalwart.db.hints import noted
+        from stalwart.models import JobStatus
+        from stalwart.results import make_result
+
+        store = self.store
         self.validate_task(task)
+        check_importable(task)
+        signature = call_signature(task)
         now = timezone.now()
         run_after = task.run_after
         scheduled = run_after is not None and run_after > now
@@ -87,6 +120,8 @@ class StalwartBackend(BaseTaskBackend):
         results: list[TaskResult] = []
         for index, (args, kwargs) in enumerate(calls):
             try:
+                if signature is not None:
+                    check_call(task, signature, args, kwargs)
                 plain_args, plain_kwargs = normalize_arguments(args, kwargs)
                 encoded_args, encoded_kwargs = encode_arguments(plain_args, plain_kwargs, limit)
             except InvalidTask as error:
@@ -143,10 +178,11 @@ class StalwartBackend(BaseTaskBackend):
         if not rows:
             return []
         fresh = results
-        if guarded:
-            results, fresh = self._insert_guarded(task, rows, results)
-        else:
-            self.store.insert(rows)
+        with noted(self.config.database):  # a missing table says what to run, say
+            if guarded:
+                results, fresh = self._insert_guarded(task, rows, results)
+            else:
+                store.insert(rows)
         # Announce the jobs once they exist for everyone: at commit, or now in autocommit.
         transaction.on_commit(partial(self._send_enqueued, fresh), using=self.config.database)
         for result in fresh:
@@ -154,7 +190,7 @@ class StalwartBackend(BaseTaskBackend):
         return results
 
     def _insert_guarded(
-        self, task: Task, rows: list[NewJob], results: list[TaskResult]
+        self, task: Task, rows: list[Any], results: list[TaskResult]
     ) -> tuple[list[TaskResult], list[TaskResult]]:
         """Insert jobs with a concurrency key or a unique key; a duplicate returns its twin.
 
@@ -170,6 +206,8 @@ class StalwartBackend(BaseTaskBackend):
                 using=self.config.database,
                 robust=True,
             )
+        from stalwart.db import NewJob
+
         final, fresh = [], []
         for result, outcome in zip(results, stored, strict=True):
             if isinstance(outcome, NewJob):
@@ -197,6 +235,10 @@ class StalwartBackend(BaseTaskBackend):
     # -- results -----------------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult:
+        require_app()
+        from stalwart.models import Job
+        from stalwart.results import result_from_job
+
         try:
             job_id = uuid.UUID(str(result_id))
         except ValueError:

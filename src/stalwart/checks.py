@@ -1,9 +1,16 @@
-"""System checks for Stalwart backends (run by ``manage.py check`` and ``queue check``)."""
+"""System checks for Stalwart backends (run by ``manage.py check`` and ``queue check``).
 
+The backend's own ``check()`` runs them, through Django's tasks check: so they run even
+when Stalwart's app is not installed (and say so, ``stalwart.E004``), wherever the project's
+tasks are imported.
+"""
+
+import difflib
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite")
 
@@ -16,6 +23,66 @@ USE_TZ_REQUIRED = (
 USE_TZ_HINT = "Set USE_TZ = True in your settings (Django's default)."
 
 
+APP_NOT_INSTALLED = (
+    "'stalwart' is not in INSTALLED_APPS, and a TASKS entry uses Stalwart's backend: its "
+    "tables, its 'queue' command and its processes come with its app."
+)
+APP_HINT = "Add \"stalwart\" to INSTALLED_APPS, then run 'python manage.py migrate'."
+
+# The keys Django's task backends read in a TASKS entry.
+TASKS_KEYS = ("BACKEND", "QUEUES", "OPTIONS")
+
+
+def app_installed() -> bool:
+    from django.apps import apps
+
+    return apps.is_installed("stalwart")
+
+
+def require_app() -> None:
+    """Raise ``ImproperlyConfigured`` naming the fix unless Stalwart's app is installed."""
+    if not app_installed():
+        raise ImproperlyConfigured(f"{APP_NOT_INSTALLED} {APP_HINT}")
+
+
+def stalwart_aliases() -> list[str]:
+    """The TASKS aliases whose backend is Stalwart's (entries that fail to load are not)."""
+    from django.tasks import task_backends
+
+    from stalwart.backend import StalwartBackend
+
+    aliases = []
+    for alias in getattr(settings, "TASKS", {}):
+        try:
+            backend = task_backends[alias]
+        except Exception:  # noqa: BLE001, S112 - Django's own check reports broken backends
+            continue
+        if isinstance(backend, StalwartBackend):
+            aliases.append(alias)
+    return aliases
+
+
+def check_tasks_keys(alias: str) -> list[checks.CheckMessage]:
+    """Keys of ``TASKS[alias]`` that look like typos of the ones Django reads: as written,
+    they are ignored, and the backend runs without what they say."""
+    messages = []
+    for key in getattr(settings, "TASKS", {}).get(alias, {}):
+        if key in TASKS_KEYS or not isinstance(key, str):
+            continue
+        close = difflib.get_close_matches(key.upper(), TASKS_KEYS, n=1, cutoff=0.6)
+        if close:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{alias!r}][{key!r}] is not a setting of a task backend, so it is "
+                    "ignored.",
+                    hint=f"Did you mean {close[0]!r}? A TASKS entry takes "
+                    f"{', '.join(repr(known) for known in TASKS_KEYS)}.",
+                    id="stalwart.E005",
+                )
+            )
+    return messages
+
+
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Project-wide settings Stalwart cannot run with (reported once, not per backend)."""
     if settings.USE_TZ or not uses_stalwart():
@@ -25,24 +92,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 def uses_stalwart() -> bool:
     """Whether some TASKS entry is a Stalwart backend (entries that fail to load are not)."""
-    from django.tasks import task_backends
-
-    from stalwart.backend import StalwartBackend
-
-    for alias in getattr(settings, "TASKS", {}):
-        try:
-            backend = task_backends[alias]
-        except Exception:  # noqa: BLE001, S112 - Django's own check reports broken backends
-            continue
-        if isinstance(backend, StalwartBackend):
-            return True
-    return False
+    return bool(stalwart_aliases())
 
 
 def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
     """Problems with one Stalwart backend's configuration, each naming its setting."""
-    messages: list[checks.CheckMessage] = []
+    messages: list[checks.CheckMessage] = check_tasks_keys(backend.alias)
     config = backend.config
+    messages.extend(
+        checks.Error(
+            error,
+            hint="Fix the entry, or remove it. The scheduler ('queue supervise') will not "
+            "start until then; the rest of the site works without it.",
+            id="stalwart.E006",
+        )
+        for error in config.recurring_errors
+    )
+    if not app_installed():
+        # Reported once, by the first Stalwart backend; without the app, nothing else can
+        # be checked (the models are not there).
+        if stalwart_aliases()[:1] == [backend.alias]:
+            messages.append(checks.Error(APP_NOT_INSTALLED, hint=APP_HINT, id="stalwart.E004"))
+        return messages
     where = f"TASKS[{backend.alias!r}]['OPTIONS']['database']"
     if config.database not in settings.DATABASES:
         messages.append(
@@ -64,14 +135,16 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
             )
         )
     if connection.vendor == "sqlite":
-        options = connection.settings_dict.get("OPTIONS", {})
-        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+        # Without the option, Stalwart makes it IMMEDIATE (stalwart.db.sqlite_defaults).
+        mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+        if mode is not None and str(mode).upper() != "IMMEDIATE":
             messages.append(
                 checks.Warning(
-                    f"DATABASES[{config.database!r}] is SQLite without "
-                    "OPTIONS['transaction_mode'] = 'IMMEDIATE'.",
+                    f"DATABASES[{config.database!r}] is SQLite with "
+                    f"OPTIONS['transaction_mode'] = {mode!r}, not 'IMMEDIATE'.",
                     hint="Transactions that read before they enqueue can fail with 'database "
-                    "is locked' while workers write; IMMEDIATE takes the write lock up front.",
+                    "is locked' while workers write; IMMEDIATE takes the write lock up front. "
+                    "Remove the option to have Stalwart set it.",
                     id="stalwart.W001",
                 )
             )

@@ -11,7 +11,7 @@ from typing import Any
 
 from stalwart.exceptions import ConfigurationError, InvalidQueueName
 from stalwart.queues import QueueSelector
-from stalwart.recurring import RecurringTask, read_recurring
+from stalwart.recurring import RecurringTask, read_recurring_apart
 
 MIB = 1024 * 1024
 
@@ -53,6 +53,9 @@ class Options:
     dispatchers: tuple[DispatcherOptions, ...] = (DispatcherOptions(),)
     scheduler: SchedulerOptions | None = field(default_factory=SchedulerOptions)
     recurring: tuple["RecurringTask", ...] = ()
+    # Entries of OPTIONS["recurring"] that cannot be read, each a sentence naming the entry:
+    # reported by the system check stalwart.E006; the scheduler will not start with them.
+    recurring_errors: tuple[str, ...] = ()
     # Modules of tasks outside the installed apps' tasks modules, imported before any task
     # path is resolved (a task path read from the database is never imported itself).
     task_modules: tuple[str, ...] = ()
@@ -276,7 +279,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
     scheduler = _read_scheduler(reader.get("scheduler", True), reader.name("scheduler"))
     from django.conf import settings
 
-    recurring = read_recurring(
+    recurring, recurring_errors = read_recurring_apart(
         reader.get("recurring", None),
         reader.name("recurring"),
         getattr(settings, "TIME_ZONE", None) or "UTC",
@@ -299,6 +302,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         dispatchers=dispatchers,
         scheduler=scheduler,
         recurring=recurring,
+        recurring_errors=recurring_errors,
         task_modules=_read_task_modules(reader),
         heartbeat_interval=heartbeat,
         process_alive_threshold=threshold,

@@ -53,6 +53,82 @@ def resume(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> boo
     return bool(deleted)
 
 
+def queue_users(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> list[str]:
+    """What uses ``queue_name``, one phrase each: the project's tasks, ``QUEUES``, recurring
+    entries and worker queue lists that name it (a name or a prefix; ``*`` names none), live
+    workers that claim from it by name, and jobs ready or failed in it. Empty: most likely
+    a misspelt name."""
+    from stalwart.models import Job, Process
+
+    stalwart = task_backends[backend]
+    config = stalwart.config
+    users = [f"task {path}" for path, name in _task_queues() if name == queue_name]
+    if queue_name in stalwart.queues:
+        users.append(f"TASKS[{backend!r}]['QUEUES']")
+    users += [
+        f"recurring entry {entry.key!r}"
+        for entry in config.recurring
+        if entry.queue_name == queue_name
+    ]
+    users += [
+        f"OPTIONS['workers'][{index}]"
+        for index, worker in enumerate(config.workers)
+        if _names(worker.queues, queue_name)
+    ]
+    for process in Process.objects.using(config.database).filter(kind="worker"):
+        queues = (process.metadata or {}).get("queues")
+        if isinstance(queues, str) and _names(_parse_selector(queues), queue_name):
+            users.append(f"worker {process.name}")
+    jobs = Job.objects.using(config.database).filter(queue_name=queue_name)
+    if jobs.filter(status="ready").exists() or jobs.filter(status="failed").exists():
+        users.append("jobs ready or failed in it")
+    return users
+
+
+def named_queues(*, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> list[str]:
+    """The queue names the project's tasks, ``QUEUES`` and recurring entries name."""
+    config = task_backends[backend].config
+    names = {name for _, name in _task_queues()} | set(task_backends[backend].queues)
+    names |= {entry.queue_name for entry in config.recurring if entry.queue_name}
+    return sorted(names)
+
+
+def _task_queues() -> list[tuple[str, str]]:
+    """(path, queue name) of every task defined in the project's task modules."""
+    import sys
+
+    from django.tasks import Task
+
+    from stalwart import catalog
+
+    loaded = catalog.load()
+    found = []
+    for module_name in loaded.loaded if loaded is not None else ():
+        module = sys.modules.get(module_name)
+        for value in vars(module).values() if module is not None else ():
+            if isinstance(value, Task) and value.func.__module__ == module_name:
+                found.append((value.module_path, value.queue_name))
+    return found
+
+
+def _parse_selector(text: str) -> Any:
+    from stalwart.queues import QueueSelector
+
+    try:
+        return QueueSelector.parse(text)
+    except ValueError:
+        return None
+
+
+def _names(selector: Any, queue_name: str) -> bool:
+    """Whether a worker queue list names ``queue_name``: by name or by a prefix, not ``*``."""
+    if selector is None or not selector.serves(queue_name):
+        return False
+    return any(
+        pattern.matches(queue_name) and not pattern.matches_all for pattern in selector.patterns
+    )
+
+
 def paused_queues(
     *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, database: str | None = None
 ) -> list[str]:

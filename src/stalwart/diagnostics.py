@@ -11,6 +11,7 @@ from django.core import checks
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from stalwart.db.hints import explain, migrate_command
 from stalwart.ticks import check_entry
 
 MIN_POSTGRESQL = (12, 0)  # MATERIALIZED common table expressions
@@ -24,7 +25,7 @@ def database_problems(alias: str) -> list[str]:
     try:
         connection.ensure_connection()
     except DatabaseError as error:
-        return [f"{where} cannot be reached: {str(error).strip()}"]
+        return [explain(error, alias)]
     problems = []
     if connection.vendor == "postgresql":
         version = divmod(connection.pg_version, 10000)
@@ -49,7 +50,7 @@ def database_problems(alias: str) -> list[str]:
     pending = executor.migration_plan(targets)
     if pending:
         names = ", ".join(f"{migration.app_label}.{migration.name}" for migration, _ in pending)
-        problems.append(f"{where} lacks migrations: {names}. Run 'python manage.py migrate'.")
+        problems.append(f"{where} lacks migrations: {names}. Run '{migrate_command(alias)}'.")
     return problems
 
 
@@ -81,27 +82,50 @@ def problem_entry(problem: str) -> str:
     return f"[{key!r}]: {reason}"
 
 
-def system_check_problems() -> list[str]:
-    """Django's system checks (ours included): errors count, warnings are shown apart."""
+# Warnings of Django's system checks that 'queue check' counts as errors: warnings so that
+# they do not stop 'migrate' and 'runserver', which run the checks first.
+PROMOTED_WARNINGS = frozenset({"stalwart.W004"})
+
+
+def _text(message: checks.CheckMessage) -> str:
+    return f"{message.id}: {message.msg}" + (f" ({message.hint})" if message.hint else "")
+
+
+def system_check_messages() -> list[checks.CheckMessage]:
+    """Django's system checks (ours included), run once, silenced ones left out."""
     return [
-        f"{message.id}: {message.msg}" + (f" ({message.hint})" if message.hint else "")
+        message
         for message in checks.run_checks(include_deployment_checks=False)
-        if message.is_serious()
+        if not message.is_silenced()
     ]
 
 
-def system_check_warnings() -> list[str]:
+def system_check_problems(messages: list[checks.CheckMessage] | None = None) -> list[str]:
+    """The errors among Django's system checks, and the warnings ``queue check`` promotes."""
+    if messages is None:
+        messages = system_check_messages()
     return [
-        f"{message.id}: {message.msg}" + (f" ({message.hint})" if message.hint else "")
-        for message in checks.run_checks(include_deployment_checks=False)
-        if not message.is_serious() and not message.is_silenced()
+        _text(message)
+        for message in messages
+        if message.is_serious() or message.id in PROMOTED_WARNINGS
     ]
 
 
-def all_problems(backend: Any) -> list[str]:
-    """Django's system checks (ours included), task modules, recurring entries, then the
-    database."""
-    problems = system_check_problems() + task_module_problems() + recurring_problems(backend)
+def system_check_warnings(messages: list[checks.CheckMessage] | None = None) -> list[str]:
+    """The other warnings (each problem is reported once: as an error, or as a warning)."""
+    if messages is None:
+        messages = system_check_messages()
+    return [
+        _text(message)
+        for message in messages
+        if not message.is_serious() and message.id not in PROMOTED_WARNINGS
+    ]
+
+
+def all_problems(backend: Any, messages: list[checks.CheckMessage] | None = None) -> list[str]:
+    """Django's system checks (ours included: recurring entries among them), task modules,
+    then the database."""
+    problems = system_check_problems(messages) + task_module_problems()
     if backend.config.database in settings.DATABASES:
         problems += database_problems(backend.config.database)
     return problems

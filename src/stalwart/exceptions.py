@@ -4,13 +4,43 @@ from django.core.exceptions import ImproperlyConfigured
 from django.tasks.exceptions import InvalidTask
 
 
-class InvalidTaskArguments(InvalidTask, ValueError):
-    """Arguments (or a return value) that would not survive a JSON round trip."""
+class InvalidTaskArguments(InvalidTask, TypeError, ValueError):
+    """Arguments that would not survive a JSON round trip, refused at enqueue.
 
-    def __init__(self, path: str, problem: str) -> None:
+    A ``TypeError``, as Django's own backends raise for arguments JSON cannot hold (and,
+    as before, a ``ValueError`` and an ``InvalidTask``).
+    """
+
+    def __init__(self, path: str, problem: str, message: str | None = None) -> None:
         self.path = path
         self.problem = problem
-        super().__init__(f"{path} {problem}")
+        super().__init__(message or f"{path} {problem}")
+
+
+class ArgumentsDoNotFit(InvalidTask, TypeError):
+    """A call whose arguments the task's function cannot take, refused at enqueue (the same
+    ``TypeError`` the call itself would raise, before a worker makes it)."""
+
+    def __init__(self, task_path: str, signature: str, problem: str) -> None:
+        self.task_path = task_path
+        self.signature = signature
+        self.problem = problem
+        super().__init__(
+            f"{task_path}{signature} cannot be called with these arguments: {problem}."
+        )
+
+
+class TaskNotImportable(InvalidTask):
+    """A task that a worker process could not find by its path, refused at enqueue."""
+
+    def __init__(self, task_path: str, reason: str) -> None:
+        self.task_path = task_path
+        self.reason = reason
+        super().__init__(
+            f"Task {task_path!r} cannot be enqueued: {reason}, so a worker process could "
+            "not import it. Define the task at the top level of a module, such as your "
+            "app's tasks.py."
+        )
 
 
 class ArgumentsTooLarge(InvalidTask, ValueError):

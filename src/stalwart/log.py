@@ -1,6 +1,8 @@
 """The one place that turns events into log lines, on the ``stalwart`` logger.
 
-Each line reads ``action=<name> key=value …`` and carries the same data as ``extra``:
+Each line reads ``action=<name> key=value …`` (a value with spaces in quotes; quotes,
+backslashes and line breaks escaped, so one event is one line) and carries the same data as
+``extra``:
 ``record.action`` and ``record.stalwart`` (a dict of the fields), for structured handlers.
 Argument values are never logged. A failed job logs its traceback once, here.
 """
@@ -75,16 +77,26 @@ _LEVELS = {
     "outcome_deferred": logging.INFO,
     "metrics_not_stored": logging.WARNING,
     "session_options_refused": logging.WARNING,
+    "code_changed": logging.INFO,
 }
 
 _MULTILINE_FIELDS = ("traceback",)
 
 
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
 def _format_value(value: Any) -> str:
+    """A value as ``key=value`` shows it: quoted if it has spaces, quotes or is empty, and
+    always on one line (a newline is written ``\\n``, as in JSON), so that one event is one
+    line however many lines a database's message has."""
     if isinstance(value, float):
         return f"{value:.4f}".rstrip("0").rstrip(".") if value else "0"
     text = str(value)
-    return f'"{text}"' if (" " in text or not text) else text
+    escaped = text.translate(_ESCAPES)
+    if escaped != text or not text or " " in text or "=" in text:
+        return f'"{escaped}"'
+    return text
 
 
 def log_event(action: str, fields: dict[str, Any]) -> None:

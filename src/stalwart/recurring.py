@@ -110,6 +110,29 @@ def read_recurring(values: Any, where: str, default_timezone: str) -> tuple[Recu
     )
 
 
+def read_recurring_apart(
+    values: Any, where: str, default_timezone: str
+) -> tuple[tuple[RecurringTask, ...], tuple[str, ...]]:
+    """Like ``read_recurring``, with each invalid entry set aside with its error instead.
+
+    The settings are read wherever the backend loads, which is wherever a task is defined:
+    one bad entry must not stop the site. The errors are reported by the system check
+    ``stalwart.E006``, and the scheduler refuses to start with them.
+    """
+    if values is None:
+        return (), ()
+    if not isinstance(values, Mapping):
+        return (), (f"{where} must be a dict of recurring tasks by key, not {values!r}.",)
+    entries: list[RecurringTask] = []
+    errors: list[str] = []
+    for key, entry in values.items():
+        try:
+            entries.append(read_entry(key, entry, f"{where}[{key!r}]", default_timezone))
+        except ConfigurationError as error:
+            errors.append(str(error))
+    return tuple(entries), tuple(errors)
+
+
 def read_entry(  # noqa: PLR0912 - one check per field, in the order they are documented
     key: Any, entry: Any, where: str, default_timezone: str
 ) -> RecurringTask:

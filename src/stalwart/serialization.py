@@ -1,9 +1,16 @@
 """The JSON round trip that arguments and return values go through.
 
-A value is accepted only if what comes back from the database equals what went in, on every
-supported database: so tuples become lists (as Django's own ``normalize_json`` does), and
-NaN, infinities, non-string keys, NUL characters (PostgreSQL cannot store them) and lone
-surrogates (not encodable as UTF-8) are rejected with the path of the offending value.
+Arguments are accepted only if what comes back from the database equals what went in, on
+every supported database: so tuples become lists (as Django's own ``normalize_json`` does),
+and NaN, infinities, non-string keys, NUL characters (PostgreSQL cannot store them) and lone
+surrogates (not encodable as UTF-8) are refused at enqueue with the path of the offending
+value (``InvalidTaskArguments``, a ``TypeError``).
+
+A return value is stored the way ``json.dumps`` would write it: a key that is an int, a
+float, a bool or None becomes its JSON text (``{1: "a"}`` is stored, and read back, as
+``{"1": "a"}``), since the task has run and refusing the value would turn its success into a
+failure. A value JSON cannot hold at all fails the attempt with the exception class Django's
+own backends use: ``TypeError`` for a type, ``ValueError`` for a value (NaN, NUL, ...).
 """
 
 import json
@@ -19,9 +26,37 @@ _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(","
 
 
 class _Rejected(Exception):
-    def __init__(self, problem: str) -> None:
+    def __init__(self, problem: str, *, type_name: str | None = None) -> None:
         self.problem = problem
+        self.type_name = type_name  # set when the value's type is what JSON cannot hold
         self.parts: list[str] = []
+
+    def message(self, path: str) -> str:
+        if self.type_name is not None:
+            # Django's own backends say "Unsupported type"; so do we, with the path.
+            return f"Unsupported type for {path}: {self.type_name}, which is not JSON serializable."
+        return f"{path} {self.problem}"
+
+
+def _json_key(key: object) -> str:
+    """A mapping key as ``json.dumps`` writes it (which refuses other keys)."""
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    if isinstance(key, int):
+        return int.__repr__(key)
+    if isinstance(key, float):
+        if not math.isfinite(key):
+            raise _Rejected(f"has the key {key!r}, which JSON cannot represent")
+        return float.__repr__(key)
+    raise _Rejected(
+        f"has the key {key!r} of type {type(key).__name__}; JSON object keys are strings "
+        "(or ints, floats, bools and None, written as strings)",
+        type_name=f"{type(key).__qualname__} (a key)",
+    )
 
 
 def _check_text(text: str) -> None:
@@ -33,7 +68,11 @@ def _check_text(text: str) -> None:
         raise _Rejected("contains a lone surrogate, which is not valid UTF-8") from None
 
 
-def _normalize(value: Any, depth: int) -> Any:  # noqa: PLR0911, PLR0912 - a branch per type
+def _normalize(  # noqa: PLR0911, PLR0912 - a branch per type
+    value: Any, depth: int, json_keys: bool
+) -> Any:
+    """``json_keys``: write keys as ``json.dumps`` does (return values), rather than refuse
+    keys that are not strings (arguments, which must come back as they went in)."""
     # The common scalar types first, by exact type: this runs for every argument enqueued.
     kind = type(value)
     if kind is str:
@@ -50,14 +89,19 @@ def _normalize(value: Any, depth: int) -> Any:  # noqa: PLR0911, PLR0912 - a bra
     if isinstance(value, Mapping):
         result = {}
         for key, item in value.items():
-            if not isinstance(key, str):
+            # A key that is not a string is the mapping's problem (its path is the mapping's).
+            if isinstance(key, str):
+                name = str.__str__(key)
+            elif json_keys:
+                name = _json_key(key)
+            else:
                 raise _Rejected(
-                    f"has the key {key!r} of type {type(key).__name__}; JSON object keys are "
-                    "strings, so it would come back changed"
+                    f"has the key {key!r} of type {type(key).__name__}; JSON object keys "
+                    "are strings, so it would come back changed"
                 )
             try:
-                _check_text(key)
-                result[key] = _normalize(item, depth + 1)
+                _check_text(name)
+                result[name] = _normalize(item, depth + 1, json_keys)
             except _Rejected as rejected:
                 rejected.parts.append(f"[{key!r}]")
                 raise
@@ -71,31 +115,45 @@ def _normalize(value: Any, depth: int) -> Any:  # noqa: PLR0911, PLR0912 - a bra
         return text
     # Subclasses (enums, for example) are stored as their plain value.
     if isinstance(value, str):
-        return _normalize(str.__str__(value), depth)
+        return _normalize(str.__str__(value), depth, json_keys)
     if isinstance(value, int):
         return int.__int__(value)
     if isinstance(value, float):
-        return _normalize(float.__float__(value), depth)
+        return _normalize(float.__float__(value), depth, json_keys)
     if isinstance(value, Sequence):
         result_list = []
         for index, item in enumerate(value):
             try:
-                result_list.append(_normalize(item, depth + 1))
+                result_list.append(_normalize(item, depth + 1, json_keys))
             except _Rejected as rejected:
                 rejected.parts.append(f"[{index}]")
                 raise
         return result_list
-    raise _Rejected(f"is of type {kind.__qualname__}, which JSON cannot represent")
+    raise _Rejected(
+        f"is of type {kind.__qualname__}, which JSON cannot represent", type_name=kind.__qualname__
+    )
 
 
 def normalize(value: Any, path: str) -> Any:
-    """Return ``value`` as it will come back from the database, or raise with its path."""
+    """Return ``value`` as it will come back from the database, or raise
+    ``InvalidTaskArguments`` (a ``TypeError``) with its path."""
     try:
-        return _normalize(value, 0)
+        return _normalize(value, 0, json_keys=False)
     except _Rejected as rejected:
-        raise InvalidTaskArguments(
-            path + "".join(reversed(rejected.parts)), rejected.problem
-        ) from None
+        where = path + "".join(reversed(rejected.parts))
+        raise InvalidTaskArguments(where, rejected.problem, rejected.message(where)) from None
+
+
+def normalize_return_value(value: Any, path: str = "return value") -> Any:
+    """Return a task's return value as it will be stored (keys written as JSON writes them),
+    or raise ``TypeError`` (a type JSON cannot hold) or ``ValueError`` (a value it cannot
+    hold), as Django's own backends do, with the value's path."""
+    try:
+        return _normalize(value, 0, json_keys=True)
+    except _Rejected as rejected:
+        where = path + "".join(reversed(rejected.parts))
+        kind = TypeError if rejected.type_name is not None else ValueError
+        raise kind(rejected.message(where)) from None
 
 
 def normalize_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list, dict]:

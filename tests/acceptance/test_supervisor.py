@@ -167,6 +167,24 @@ def test_quit_releases_running_jobs_and_exits_at_once(reaped):
     assert not Process.objects.exists()
 
 
+def test_a_second_ctrl_c_stops_at_once_as_the_first_one_says(reaped):
+    supervisor = start_supervisor("--processes", "1", "--shutdown-timeout", "60", children=3)
+    reaped.append(supervisor)
+    result = tasks.record.enqueue(label="interrupted", sleep=60)
+    wait_for(lambda: running(result.id), message="the job to start")
+    supervisor.signal(signal.SIGINT)
+    wait_for(
+        lambda: "Press Ctrl-C again to stop now" in supervisor.output,
+        message="the first Ctrl-C to say how to stop now",
+    )
+    assert "waiting up to 60 s for the workers' running jobs to finish" in supervisor.output
+    assert supervisor.process.poll() is None  # draining
+    assert stop(supervisor, signal.SIGINT, timeout=15) == 0, supervisor.output
+    # As QUIT: its worker ended at once, and the supervisor gave the job back.
+    assert Job.objects.get(pk=result.id).status == "ready"
+    assert not Process.objects.exists()
+
+
 # 4 -------------------------------------------------------------------------------------------
 
 

@@ -101,6 +101,25 @@ def test_quit_ends_at_once_and_leaves_running_jobs_to_whoever_prunes_it():
     taken_back_and_run_once(result, "quit")
 
 
+def test_a_second_ctrl_c_stops_at_once_as_the_first_one_says():
+    result = tasks.record.enqueue(label="interrupted", sleep=30)
+    with start_worker("--shutdown-timeout", "60") as worker:
+        wait_for(lambda: running(result.id), message="the job to start")
+        worker.signal(signal.SIGINT)
+        wait_for(
+            lambda: "Press Ctrl-C again to stop now" in worker.output,
+            message="the first Ctrl-C to say how to stop now",
+        )
+        assert "Stopping: waiting up to 60 s for 1 running job to finish." in worker.output
+        assert worker.process.poll() is None  # draining
+        worker.signal(signal.SIGINT)
+        assert worker.wait(timeout=15) == 0, worker.output
+    # As QUIT: the job its thread was running goes back once the process has ended.
+    assert left_with_the_ended_process(result.id)
+    Job.objects.filter(pk=result.id).update(kwargs={"label": "interrupted", "sleep": 0})
+    taken_back_and_run_once(result, "interrupted")
+
+
 def test_stop_when_empty_drains_and_exits():
     results = [tasks.add.enqueue(i, i) for i in range(20)]
     with start_worker("--stop-when-empty") as worker:
@@ -110,6 +129,20 @@ def test_stop_when_empty_drains_and_exits():
         assert result.status == TaskResultStatus.SUCCESSFUL
 
 
+@pytest.mark.parametrize(("threads", "max_jobs"), [(1, 2), (4, 3)])
+def test_max_jobs_runs_that_many_jobs_whatever_the_threads_then_exits_4(threads, max_jobs):
+    for number in range(10):
+        tasks.record.enqueue(label=f"job-{number}", sleep=0.05)
+    with start_worker("--threads", str(threads), "--max-jobs", str(max_jobs)) as worker:
+        assert worker.wait(timeout=30) == 4, worker.output
+    assert Execution.objects.count() == max_jobs
+    assert Job.objects.filter(status="successful").count() == max_jobs
+    assert Job.objects.filter(status="ready").count() == 10 - max_jobs
+    assert "action=worker_recycling process=" in worker.output
+    assert f"reason=max_jobs jobs_done={max_jobs}" in worker.output
+
+
+@pytest.mark.any_database
 @pytest.mark.parametrize("args", [("--help",), ("work", "--help")])
 def test_help_works(args):
     with Child("queue", *args) as child:
@@ -117,6 +150,7 @@ def test_help_works(args):
     assert "usage:" in child.output
 
 
+@pytest.mark.any_database
 @pytest.mark.parametrize(
     ("args", "message"),
     [

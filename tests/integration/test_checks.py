@@ -65,3 +65,57 @@ def test_a_connection_pool_large_enough_passes(backend, pool):
 def test_without_a_pool_there_is_nothing_to_check(backend):
     assert check_pool(backend, pooled(None)) == []
     assert check_pool(backend, pooled(True, vendor="sqlite")) == []
+
+
+def with_tasks_entry(**entry: object) -> dict:
+    """TASKS with the test settings' default entry changed."""
+    from django.conf import settings
+
+    default = {**settings.TASKS["default"], **entry}
+    return {**settings.TASKS, "default": default}
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"), [("OPTION", "OPTIONS"), ("QUEUE", "QUEUES"), ("options", "OPTIONS")]
+)
+def test_a_key_of_a_tasks_entry_that_looks_like_a_typo_is_an_error(key, meant):
+    with override_settings(TASKS=with_tasks_entry(**{key: {}})):
+        messages = [message for message in stalwart_messages() if message.id == "stalwart.E005"]
+    assert len(messages) == 1
+    assert messages[0].level == checks.ERROR
+    assert messages[0].msg == (
+        f"TASKS['default'][{key!r}] is not a setting of a task backend, so it is ignored."
+    )
+    assert messages[0].hint.startswith(f"Did you mean {meant!r}?")
+
+
+def test_keys_django_reads_are_no_typos():
+    assert "stalwart.E005" not in [message.id for message in stalwart_messages()]
+
+
+BAD_CRON = {
+    "nightly": {"task": "tests.testapp.tasks.noop", "schedule": "61 * * * *"},
+    "fine": {"task": "tests.testapp.tasks.noop", "schedule": "@daily"},
+}
+
+
+def test_a_bad_cron_expression_is_a_check_error_naming_the_entry_not_a_broken_site():
+    options = {"recurring": BAD_CRON}
+    with override_settings(TASKS=with_tasks_entry(OPTIONS=options)):
+        from django.tasks import task_backends
+
+        from stalwart.models import Job
+        from tests.testapp import tasks
+
+        messages = [message for message in stalwart_messages() if message.id == "stalwart.E006"]
+        # The rest of the site works: the backend loads, and tasks enqueue.
+        backend = task_backends["default"]
+        result = tasks.add.enqueue(1, 2)
+        assert Job.objects.filter(pk=result.id).exists()
+    assert [entry.key for entry in backend.config.recurring] == ["fine"]
+    assert len(messages) == 1
+    assert messages[0].level == checks.ERROR
+    assert messages[0].msg.startswith(
+        "TASKS['default']['OPTIONS']['recurring']['nightly'] has an invalid 'schedule' '61 * * * *'"
+    )
+    assert "The scheduler ('queue supervise') will not start" in messages[0].hint

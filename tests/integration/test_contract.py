@@ -1,6 +1,8 @@
 """The django.tasks contract, against a real database and a real worker."""
 
 import asyncio
+import logging
+import sys
 from datetime import timedelta
 
 import pytest
@@ -20,7 +22,7 @@ from stalwart.exceptions import (
     NotAStalwartBackend,
 )
 from stalwart.models import Job
-from tests.helpers import drain
+from tests.helpers import Child, drain
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -64,21 +66,26 @@ def test_queue_names_are_validated():
         tasks.add.using(queue_name="q" * 65)
 
 
-def test_queue_not_in_backend_queues_is_refused():
-    with pytest.raises(InvalidTask, match="Queue 'elsewhere' is not valid"):
-        tasks.add.using(backend="limited", queue_name="elsewhere")
-
-
-def test_functions_that_are_not_module_level_are_refused():
+def test_functions_that_are_not_module_level_are_refused_saying_why():
     def local():
         return None
 
-    with pytest.raises(InvalidTask, match="module level"):
+    with pytest.raises(InvalidTask, match="Task function must be defined at a module level") as e:
         task(local)
+    assert "is defined inside a function, so a worker process could not import it" in str(e.value)
+
+
+def test_a_queue_that_queues_refuses_names_the_setting_to_change():
+    with pytest.raises(InvalidTask, match="Queue 'elsewhere' is not valid for backend") as e:
+        tasks.add.using(backend="limited", queue_name="elsewhere")
+    assert "TASKS['limited']['QUEUES'] allows 'default', 'other'" in str(e.value)
+    assert "add 'elsewhere' to it, or set it to [] to allow any queue name" in str(e.value)
 
 
 def test_bad_arguments_name_the_value_and_store_nothing():
-    with pytest.raises(InvalidTaskArguments, match=r"kwargs\['when'\] is of type datetime"):
+    with pytest.raises(
+        InvalidTaskArguments, match=r"Unsupported type for kwargs\['when'\]: datetime"
+    ):
         tasks.echo.enqueue(when=timezone.now())
     with pytest.raises(InvalidTaskArguments, match=r"args\[0\] is nan"):
         tasks.echo.enqueue(float("nan"))
@@ -161,13 +168,153 @@ def test_base_exceptions_fail_the_job_and_the_worker_goes_on(failing, class_path
     assert good.status == TaskResultStatus.SUCCESSFUL
 
 
-def test_a_return_value_json_cannot_hold_fails_the_job_with_its_path():
+def test_a_return_value_json_cannot_hold_fails_the_job_with_a_type_error_and_its_path():
+    # As with Django's own backends: a TypeError that says "Unsupported type".
     result = tasks.returns_unserializable.enqueue()
     drain()
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
-    assert result.errors[0].exception_class_path == "stalwart.exceptions.InvalidTaskArguments"
-    assert "return value['when'] is of type object" in result.errors[0].traceback
+    assert result.errors[0].exception_class is TypeError
+    assert "Unsupported type for return value['when']: object" in result.errors[0].traceback
+
+
+def test_a_return_value_json_accepts_is_stored_as_json_writes_it_not_failed_nor_retried():
+    finished = []
+
+    def receive(sender, task_result, **kwargs):
+        finished.append(task_result.return_value)
+
+    task_finished.connect(receive)
+    try:
+        result = tasks.returns_keys_json_writes.enqueue()
+        drain(threads=1)
+    finally:
+        task_finished.disconnect(receive)
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    expected = {
+        "1": "one",
+        "2.5": "two and a half",
+        "false": "no",
+        "null": "none",
+        "nested": {"3": [4]},
+    }
+    assert result.return_value == expected
+    assert finished == [expected]  # what receivers see is what get_result() will return
+    assert result.attempts == 1
+    assert Execution.objects.filter(job_id=result.id).count() == 1  # its side effects once
+
+
+# -- what Django's own tests/tasks suite expects of any backend ------------------------------
+
+
+def test_arguments_json_cannot_hold_raise_a_type_error_as_django_documents():
+    with pytest.raises(TypeError, match="Unsupported type for args\\[0\\]: datetime"):
+        tasks.echo.enqueue(timezone.now())
+
+    async def enqueue_async():
+        try:
+            await tasks.echo.aenqueue(timezone.now())
+        finally:
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    with pytest.raises(TypeError, match="Unsupported type"):
+        asyncio.run(enqueue_async())
+    assert not Job.objects.exists()
+
+
+def test_task_finished_for_a_failed_job_is_sent_while_its_exception_is_handled(caplog):
+    seen = []
+
+    def receive(sender, task_result, **kwargs):
+        seen.append(sys.exc_info()[1])
+
+    task_finished.connect(receive)
+    caplog.set_level(logging.ERROR, logger="django.tasks")
+    try:
+        result = tasks.fail.enqueue("it broke")
+        drain()
+    finally:
+        task_finished.disconnect(receive)
+    assert len(seen) == 1
+    assert isinstance(seen[0], ValueError)
+    assert str(seen[0]) == "it broke"
+    # Django's own receiver logs the failure with its traceback.
+    [record] = [r for r in caplog.records if r.name == "django.tasks" and result.id in r.message]
+    assert record.levelno == logging.ERROR
+    assert "state=FAILED" in record.message
+    assert record.exc_info is not None
+    assert record.exc_info[1] is seen[0]
+    assert "ValueError: it broke" in caplog.text
+
+
+# -- calls that cannot work fail at enqueue, not in a worker ---------------------------------
+
+
+def test_a_call_that_does_not_fit_the_signature_fails_at_enqueue():
+    with pytest.raises(TypeError, match="missing a required argument: 'b'") as caught:
+        tasks.add.enqueue(1)
+    assert str(caught.value) == (
+        "tests.testapp.tasks.add(a: int, b: int) cannot be called with these arguments: "
+        "missing a required argument: 'b'."
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'c'"):
+        tasks.add.enqueue(1, 2, c=3)
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        tasks.add.enqueue(1, 2, 3)
+    # The context is the worker's to pass, not the caller's.
+    with pytest.raises(TypeError, match=r"whoami\(\) cannot be called"):
+        tasks.whoami.enqueue(1)
+    with pytest.raises(TypeError, match="missing a required argument: 'b'") as caught:
+        enqueue_many(tasks.add, [Call(1, 2), Call(3)])
+    assert "Raised for call 2 (counting from 1)" in str(caught.value.__notes__)
+    assert not Job.objects.exists()
+    tasks.whoami.enqueue()
+    tasks.echo.enqueue(1, 2, anything="goes")
+    assert Job.objects.count() == 2
+
+
+def test_a_task_defined_in_main_is_refused_at_enqueue_saying_why():
+    def probe() -> None:
+        return None
+
+    probe.__module__ = "__main__"
+    probe.__qualname__ = "probe"
+    declared = task(probe)
+    with pytest.raises(InvalidTask, match="defined in __main__") as caught:
+        declared.enqueue()
+    assert "a worker process could not import it" in str(caught.value)
+    assert not Job.objects.exists()
+
+
+def test_a_task_that_is_not_at_its_path_is_refused_at_enqueue():
+    def probe() -> None:
+        return None
+
+    probe.__module__ = "tests.testapp.tasks"
+    probe.__qualname__ = "not_there"
+    with pytest.raises(InvalidTask, match="has no task named 'not_there'"):
+        task(probe).enqueue()
+    assert not Job.objects.exists()
+
+
+def test_a_task_defined_in_the_shell_is_refused_at_enqueue_saying_why():
+    code = (
+        "from django.tasks import task\n"
+        "@task\n"
+        "def hello():\n"
+        "    return 1\n"
+        "try:\n"
+        "    hello.enqueue()\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, error)\n"
+    )
+    connections.close_all()
+    with Child("shell", "--no-imports", "-c", code) as shell:
+        assert shell.wait(timeout=60) == 0, shell.output
+    assert "TaskNotImportable" in shell.output
+    assert "defined interactively" in shell.output, shell.output
+    assert not Job.objects.exists()
 
 
 def test_a_stored_path_that_is_not_a_task_fails_that_job_only():

@@ -269,8 +269,8 @@ def test_a_paused_queue_is_not_claimed_from_until_resumed():
 # -- failed jobs: retry, discard; scheduled jobs: run now ---------------------------------
 
 
-def make_failed(count: int, task=tasks.add, queue: str = "default") -> None:
-    enqueue_many(task.using(queue_name=queue), [Call(1, 2)] * count)
+def make_failed(count: int, task=tasks.add, queue: str = "default", call=None) -> None:
+    enqueue_many(task.using(queue_name=queue), [call or Call(1, 2)] * count)
     Job.objects.filter(status="ready").update(
         status="failed",
         attempt=1,
@@ -281,7 +281,7 @@ def make_failed(count: int, task=tasks.add, queue: str = "default") -> None:
 
 def test_retry_and_discard_thousands_in_bounded_batches():
     make_failed(2500)
-    make_failed(300, task=tasks.noop)
+    make_failed(300, task=tasks.noop, call=Call())
     selection = Selection(task_path="tests.testapp.tasks.add")
     assert control.retry_failed(selection, dry_run=True) == 2500
     assert Job.objects.filter(status="failed").count() == 2800

@@ -158,4 +158,4 @@ def test_failures_a_retry_cannot_cure_are_not_retried():
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.attempts == 1
-    assert result.errors[0].exception_class_path == "stalwart.exceptions.InvalidTaskArguments"
+    assert result.errors[0].exception_class is TypeError

@@ -2,6 +2,7 @@
 attacker with database access. Each fails on its own, at once, and runs nothing it names."""
 
 import pytest
+from django.db import IntegrityError, transaction
 
 from stalwart.models import Job
 from tests.helpers import drain
@@ -61,3 +62,16 @@ def test_stored_arguments_that_are_not_even_containers_fail_too(column, value):
         1,
         ["stalwart.exceptions.InvalidStoredArguments"],
     )
+
+
+# -- columns the database checks itself ----------------------------------------------------
+
+
+@pytest.mark.parametrize("priority", [101, -101, 32000])
+def test_a_priority_outside_djangos_range_is_refused_by_the_database(priority):
+    result = tasks.noop.enqueue()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=result.id).update(priority=priority)
+    for fine in (100, -100, 0):
+        Job.objects.filter(pk=result.id).update(priority=fine)
+    assert Job.objects.get(pk=result.id).priority == 0

@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -16,3 +18,6 @@ class TestAppConfig(AppConfig):
         from tests.testapp import background
 
         background.install()
+        if os.environ.get("STALWART_TEST_TASKS_AT_READY") == "true":
+            # As a project whose signal receivers import its tasks when its apps are ready.
+            from tests.testapp import tasks  # noqa: F401

@@ -197,6 +197,16 @@ def shout_secret(secret: str) -> None:
     raise RuntimeError("the task failed")
 
 
+@stalwart.task(max_attempts=3, backoff=0, takes_context=True)
+def returns_keys_json_writes(context: TaskContext) -> dict:
+    """A value json.dumps accepts, though its keys come back as strings; it has side effects
+    that a retry would repeat."""
+    Execution.objects.create(
+        job_id=context.task_result.id, pid=os.getpid(), started_at=timezone.now()
+    )
+    return {1: "one", 2.5: "two and a half", False: "no", None: "none", "nested": {3: [4]}}
+
+
 @stalwart.task(max_attempts=5, backoff=0)
 def returns_a_set() -> set:
     """Retrying cannot help: the return value never fits JSON."""

@@ -76,12 +76,12 @@ def test_values_that_would_not_survive_are_rejected_with_their_path(kwargs, path
     with pytest.raises(InvalidTaskArguments) as caught:
         normalize_arguments((), kwargs)
     assert caught.value.path == path
-    assert problem in str(caught.value)
-    assert str(caught.value).startswith(path)
+    assert problem in caught.value.problem
+    assert path in str(caught.value)
 
 
 def test_positional_arguments_are_named_by_index():
-    with pytest.raises(InvalidTaskArguments, match=r"^args\[1\]\[0\] is of type complex"):
+    with pytest.raises(InvalidTaskArguments, match=r"for args\[1\]\[0\]: complex"):
         normalize_arguments((1, [1j]), {})
 
 

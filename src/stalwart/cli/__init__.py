@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 
@@ -46,8 +46,28 @@ def subcommand(name: str, help: str, arguments: Callable[[argparse.ArgumentParse
     return register
 
 
+class SubcommandParser(CommandParser):
+    """A subcommand's parser: it refuses arguments it does not know itself, so the error
+    comes with the subcommand's usage (argparse leaves them to the top-level parser, whose
+    usage says nothing about the subcommand)."""
+
+    # Says what to do with arguments left over (those given), or None.
+    leftover_hint: Callable[[list[str]], str | None] | None = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            hint = self.leftover_hint(extras) if self.leftover_hint else None
+            self.error(
+                f"unrecognized arguments: {' '.join(extras)}" + (f" ({hint})" if hint else "")
+            )
+        return parsed, extras
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    subparsers = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    subparsers = parser.add_subparsers(
+        dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=SubcommandParser
+    )
     for command in SUBCOMMANDS.values():
         sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
         sub.add_argument(
@@ -66,11 +86,17 @@ def run(command: Any, options: dict[str, Any]) -> int:
     except DatabaseError as error:
         if options.get("traceback"):
             raise
-        hint = ""
-        text = str(error).lower()
-        if "no such table" in text or "does not exist" in text:
-            hint = " Are Stalwart's tables there? Run 'python manage.py migrate'."
-        raise CommandError(f"The database said: {str(error).strip()}.{hint}") from None
+        from stalwart.db.hints import explain
+
+        raise CommandError(explain(error, _database_of(options))) from None
+
+
+def _database_of(options: dict[str, Any]) -> str:
+    """The database alias of the backend a subcommand was given (``default`` if unknown)."""
+    try:
+        return task_backends[options.get("backend") or DEFAULT_TASK_BACKEND_ALIAS].config.database
+    except Exception:  # noqa: BLE001 - the error being explained matters more
+        return "default"
 
 
 def get_backend(alias: str) -> Any:

@@ -1,6 +1,7 @@
 """``enqueue``: one call of a task, from the command line."""
 
 import argparse
+import json
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -11,7 +12,23 @@ from stalwart.cli.types import json_value, parse_duration, queue_name, whole
 # -- enqueue ---------------------------------------------------------------------------------
 
 
+def _positional_values_hint(extras: list[str]) -> str | None:
+    values = [value for value in extras if not value.startswith("-")]
+    if not values:
+        return None
+    example = json.dumps([_as_json(value) for value in values])
+    return f"the task's arguments go in --args, as a JSON array: --args '{example}'"
+
+
+def _as_json(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def _enqueue_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.leftover_hint = _positional_values_hint  # type: ignore[attr-defined]
     parser.add_argument(
         "task_path",
         metavar="TASK_PATH",

@@ -23,8 +23,9 @@ def check(command: Any, options: dict[str, Any]) -> int:
     from stalwart import diagnostics
 
     backend = get_backend(options["backend"])
-    problems = diagnostics.all_problems(backend)
-    for warning in diagnostics.system_check_warnings():
+    messages = diagnostics.system_check_messages()
+    problems = diagnostics.all_problems(backend, messages)
+    for warning in diagnostics.system_check_warnings(messages):
         command.stderr.write(f"warning: {warning}")
     if problems:
         for problem in problems:
@@ -246,6 +247,8 @@ def recurring(command: Any, options: dict[str, Any]) -> int:
 
     backend = get_backend(options["backend"])
     config = backend.config
+    for error in config.recurring_errors:
+        command.stderr.write(f"error: {error} (left out until it is fixed)")
     now = database_now(config.database)
     latest = last_runs(config.database)
     rows = []

@@ -1,11 +1,12 @@
 """Running the queue: ``work`` (one worker process) and ``supervise``."""
 
 import argparse
+import os
 from typing import Any
 
 from django.core.management.base import CommandError
 
-from stalwart.cli import configure_logging, end_process, get_backend, subcommand
+from stalwart.cli import configure_logging, end_process, get_backend, reloading, subcommand
 from stalwart.cli.types import (
     non_negative_int,
     poll_seconds,
@@ -64,6 +65,16 @@ def _work_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Exit once no job is ready or scheduled in these queues and this worker runs none.",
     )
+    _reload_argument(parser)
+
+
+def _reload_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reload",
+        action="store_true",
+        help="Start again when a Python file of the project changes, for development "
+        "(running jobs finish first). Uses Django's autoreloader.",
+    )
 
 
 @subcommand(
@@ -76,6 +87,8 @@ def work(command: Any, options: dict[str, Any]) -> int:
 
     backend = get_backend(options["backend"])
     refuse_unsupported_settings()
+    if options.get("reload") and not reloading.in_child():
+        return reloading.run_parent()
     configure_logging(options.get("verbosity", 1))
     config = backend.config
     if options.get("shutdown_timeout") is not None:
@@ -90,6 +103,7 @@ def work(command: Any, options: dict[str, Any]) -> int:
         )
     except ConfigurationError as error:
         raise CommandError(str(error)) from None
+    watching = options.get("reload") and reloading.in_child()
     worker = Worker(
         config=config,
         worker=worker_options,
@@ -97,7 +111,10 @@ def work(command: Any, options: dict[str, Any]) -> int:
         do_chores=True,
         stop_when_empty=options.get("stop_when_empty", False),
         owns_process=True,
+        # Under --reload, the process that starts us again: if it goes, we stop.
+        parent_pid=os.getppid() if watching else None,
     )
+    watcher = reloading.CodeWatcher(worker.request_stop, worker.name).start() if watching else None
     try:
         status = worker.run()
     except BaseException:
@@ -109,6 +126,8 @@ def work(command: Any, options: dict[str, Any]) -> int:
             traceback.print_exc()
             end_process(1, abandon_threads=True)
         raise
+    if watcher is not None and watcher.changed is not None and status == 0:
+        status = reloading.RELOAD_STATUS
     return end_process(status, abandon_threads=worker.abandoned_threads)
 
 
@@ -139,6 +158,7 @@ def _supervise_arguments(parser: argparse.ArgumentParser) -> None:
         help="Seconds running jobs get to finish after TERM/INT before they are released "
         "(default: OPTIONS['shutdown_timeout'], else 30).",
     )
+    _reload_argument(parser)
 
 
 def _recycling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -251,6 +271,36 @@ def supervise(command: Any, options: dict[str, Any]) -> int:
 
     backend = get_backend(options["backend"])
     refuse_unsupported_settings()
-    configure_logging(options.get("verbosity", 1))
     config = supervised_config(backend.config, options)
-    return Supervisor(config=config, slots=build_slots(config), owns_process=True).run()
+    refuse_broken_recurring(config)
+    if options.get("reload") and not reloading.in_child():
+        return reloading.run_parent()
+    configure_logging(options.get("verbosity", 1))
+    watching = options.get("reload") and reloading.in_child()
+    supervisor = Supervisor(
+        config=config,
+        slots=build_slots(config),
+        owns_process=True,
+        parent_pid=os.getppid() if watching else None,
+    )
+    watcher = (
+        reloading.CodeWatcher(supervisor.request_stop, supervisor.name).start()
+        if watching
+        else None
+    )
+    status = supervisor.run()
+    if watcher is not None and watcher.changed is not None and status == 0:
+        return reloading.RELOAD_STATUS
+    return status
+
+
+def refuse_broken_recurring(config: Any) -> None:
+    """The scheduler does not start with recurring entries it cannot read (stalwart.E006):
+    neither does the supervisor that would fork it, unless told to go without it."""
+    if config.scheduler is None or not config.recurring_errors:
+        return
+    raise CommandError(
+        "The scheduler cannot start: "
+        + " ".join(config.recurring_errors)
+        + " Fix OPTIONS['recurring'], or start without the scheduler (--no-scheduler)."
+    )

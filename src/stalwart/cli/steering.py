@@ -23,10 +23,18 @@ def pause(command: Any, options: dict[str, Any]) -> int:
     from stalwart import control
 
     get_backend(options["backend"])
-    if control.pause(options["queue_name"], backend=options["backend"]):
-        command.stdout.write(f"Paused {options['queue_name']!r}; running jobs will finish.")
+    name = options["queue_name"]
+    if control.pause(name, backend=options["backend"]):
+        command.stdout.write(f"Paused {name!r}; running jobs will finish.")
     else:
-        command.stdout.write(f"{options['queue_name']!r} was already paused.")
+        command.stdout.write(f"{name!r} was already paused.")
+    if not control.queue_users(name, backend=options["backend"]):
+        known = ", ".join(control.named_queues(backend=options["backend"])) or "none"
+        command.stderr.write(
+            f"warning: no task, worker, recurring entry or job uses the queue {name!r} "
+            f"(the project's tasks name: {known}). Misspelt? It is paused all the same; "
+            f"'queue resume {name}' undoes it."
+        )
     return 0
 
 
@@ -113,8 +121,25 @@ def _bulk(command: Any, options: dict[str, Any], verb: str, noun: str) -> int:
         dry_run=options["dry_run"],
         batch_size=options["batch_size"],
     )
+    if not done and options["task"]:
+        _refuse_unknown_task(options["task"])
     _report_count(command, options, done, verb, noun)
     return 0
+
+
+def _refuse_unknown_task(path: str) -> None:
+    """``--task`` selected nothing: say so if the path is no task either (a typo), rather
+    than report 0 jobs as if all were well. (The jobs of a task since removed are still
+    selected by its path.)"""
+    from stalwart.exceptions import TaskNotFound
+    from stalwart.resolution import resolve_task
+
+    try:
+        resolve_task(path)
+    except TaskNotFound as error:
+        raise CommandError(
+            f"--task {path!r} matches no job, and no task of the project: {path!r} {error.reason}."
+        ) from None
 
 
 @subcommand(

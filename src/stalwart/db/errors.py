@@ -8,6 +8,8 @@ import sqlite3
 
 from django.db import DatabaseError, DataError, IntegrityError, InterfaceError
 
+from stalwart.db.hints import is_misconfigured
+
 # SQLSTATE classes and codes (PostgreSQL, and MySQL where it reports them).
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "40", "57P")
 _TRANSIENT_SQLSTATES = {"55P03", "57014", "53300"}
@@ -19,10 +21,11 @@ def _sqlstate(error: BaseException) -> str | None:
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether retrying the whole transaction may succeed."""
+    """Whether retrying the whole transaction may succeed (not for a database or a role the
+    server does not know: the settings are wrong, and retrying only delays saying so)."""
     if isinstance(error, InterfaceError):
         return True  # the connection is closed or broken: a new one may work
-    if not isinstance(error, DatabaseError):
+    if not isinstance(error, DatabaseError) or is_misconfigured(error):
         return False
     cause = error.__cause__ or error
     if isinstance(cause, sqlite3.OperationalError):

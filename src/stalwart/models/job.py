@@ -99,6 +99,11 @@ class Job(models.Model):
                 condition=UNIQUE_STATES,
                 name="stalwart_job_unique_waiting",
             ),
+            # Django's range, checked by the database too: rows are written by hand as well.
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=-100, priority__lte=100),
+                name="stalwart_job_priority_range",
+            ),
         ]
         indexes = [
             # The claim: ORDER BY priority DESC, available_at, id within one queue...

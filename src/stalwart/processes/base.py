@@ -1,8 +1,9 @@
 """What every role shares: its process row and heartbeat, its signals, its title, its wake-ups,
 its connection's session, and its way through database outages.
 
-Signals: ``TERM`` and ``INT`` ask for a graceful stop (a repeat changes nothing); ``QUIT`` asks
-for an immediate one. Handlers only set flags and wake the main loop.
+Signals: ``TERM`` and ``INT`` ask for a graceful stop (a repeated ``TERM`` changes nothing);
+``QUIT`` asks for an immediate one, and so does an ``INT`` during a stop: a second Ctrl-C.
+Handlers only set flags and wake the main loop.
 
 The main loop runs its work in ``step()`` and waits in ``pause()``: a step that fails on the
 database starts (or continues) an outage (``stalwart.processes.outage``), and the loop backs
@@ -12,6 +13,7 @@ loop that waits from one that is stuck.
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +68,7 @@ class Role:
         self.waker = Waker()
         self.stop_requested = False
         self.immediate = False
+        self.interrupted = False  # the stop came from Ctrl-C (INT): a second one cuts it short
         self.fenced_reason: str | None = None
         self.exit_status = EXIT_OK
         self._title = ""
@@ -115,7 +118,25 @@ class Role:
             self.request_stop(immediate=signum == signal.SIGQUIT)
 
     def _on_graceful_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            if self.stop_requested:
+                # Ctrl-C again (or during a stop for TERM): stop now, as QUIT does.
+                self.request_stop(immediate=True)
+                return
+            self.interrupted = True
         self.request_stop()
+
+    def announce_stop(self, waiting: str) -> None:
+        """After a first Ctrl-C, say on the terminal what the stop waits for, and how to cut
+        it short (from the main loop: writing from a signal handler could interrupt a write
+        in progress)."""
+        if not self.interrupted or self.immediate or not self.owns_process:
+            return
+        sys.stderr.write(
+            f"\nStopping: {waiting}. Press Ctrl-C again to stop now: jobs still running "
+            "then go back to the queue once this process has ended.\n"
+        )
+        sys.stderr.flush()
 
     def _on_immediate_signal(self, signum: int, frame: Any) -> None:
         self.request_stop(immediate=True)

@@ -18,9 +18,19 @@ from django.db import Error as DatabaseFailure  # DatabaseError and InterfaceErr
 
 from stalwart import events
 from stalwart.db.errors import is_transient
+from stalwart.db.hints import advice
 from stalwart.db.retry import reset_if_broken
 
 __all__ = ["DatabaseFailure", "Outage"]
+
+
+def hint_for(error: BaseException, database: str) -> str | None:
+    """What a person should know about an outage's error, when it is not a plain outage
+    (a missing database or table, refused credentials, a server that cannot be reached)."""
+    try:
+        return advice(error, database)
+    except Exception:  # noqa: BLE001 - a hint must never break the loop it describes
+        return None
 
 
 class Outage:
@@ -66,6 +76,7 @@ class Outage:
                 process=self.process,
                 transient=is_transient(error),
                 error=self.error,
+                hint=hint_for(error, self.database),
             )
         else:
             self._delay = min(self._delay * 2, self.max_delay)

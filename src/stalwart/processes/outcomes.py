@@ -280,4 +280,13 @@ class OutcomeWriter:
         object.__setattr__(result, "finished_at", finished_at)
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", item.return_value)
-        signals.send(task_finished, "task_finished", sender=self.sender, task_result=result)
+        exception, item.exception = item.exception, None  # its frames go with this report
+        if outcome.status != JobStatus.FAILED or exception is None:  # (not a cancelled job)
+            signals.send(task_finished, "task_finished", sender=self.sender, task_result=result)
+            return
+        # As Django's own backends do, and its log receiver expects: the signal goes out
+        # while the task's exception is being handled, so the log line has its traceback.
+        try:
+            raise exception
+        except BaseException:  # noqa: BLE001 - raised just above, to be handled here
+            signals.send(task_finished, "task_finished", sender=self.sender, task_result=result)

@@ -24,7 +24,7 @@ from stalwart.exceptions import InvalidStoredArguments, JobCancelled, Transactio
 from stalwart.models import JobStatus
 from stalwart.resolution import resolve_task
 from stalwart.results import bind_task, make_result, task_errors
-from stalwart.serialization import dumps, normalize
+from stalwart.serialization import dumps, normalize_return_value
 from stalwart.task import StalwartTask
 
 
@@ -40,6 +40,9 @@ class Finished:
     return_value: Any = None
     retry_in: float | None = None  # seconds until the next attempt, when one is scheduled
     timed_out: bool = False  # written for an attempt still running past its timeout
+    # The exception that failed the attempt, until it is reported: Django's task_finished
+    # receivers are called while it is being handled, so sys.exc_info() holds it.
+    exception: BaseException | None = None
 
 
 # The longest wait before a retry a backoff may ask for (a hundred years, in seconds).
@@ -142,6 +145,7 @@ def _failed(
         duration=time.monotonic() - started,
         error=error,
         retry_in=retry_in,
+        exception=exception,
     )
 
 
@@ -154,7 +158,9 @@ def crashed_attempt(job: ClaimedJob, exception: BaseException) -> Finished:
         status=JobStatus.FAILED,
         errors=encode_errors([*task_errors(job.errors), error]),
     )
-    return Finished(job=job, outcome=outcome, result=None, duration=0.0, error=error)
+    return Finished(
+        job=job, outcome=outcome, result=None, duration=0.0, error=error, exception=exception
+    )
 
 
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
@@ -239,9 +245,14 @@ def run_job(job: ClaimedJob, sender: type, cancellation: threading.Event | None 
             left_open = transactions_left_open()
             if left_open:
                 raise TransactionLeftOpen(left_open)
-            value = normalize(value, "return value")
         except BaseException as exception:  # noqa: BLE001 - SystemExit and friends fail the job only
             return _failed(job, result, exception, started, task, cancellation=cancellation)
+        try:
+            value = normalize_return_value(value)
+        except (TypeError, ValueError) as exception:
+            # Never retried, whatever the task's retry_on: the task ran, and would return
+            # the same value again; a retry would only repeat its side effects.
+            return _failed(job, result, exception, started)
         return Finished(
             job=job,
             outcome=Outcome(

@@ -357,6 +357,10 @@ class Supervisor(Role):
         """Forward the stop to every child, wait for them, kill what outlives the timeout."""
         forwarded = signal.SIGQUIT if self.immediate else signal.SIGTERM
         self._signal_children(forwarded)
+        self.announce_stop(
+            f"waiting up to {self.config.shutdown_timeout:g} s for the workers' running jobs "
+            "to finish"
+        )
         stop_by = time.monotonic() + self.config.shutdown_timeout + SHUTDOWN_GRACE
         while any(slot.pid for slot in self.slots):
             self._reap()

@@ -197,6 +197,10 @@ class Worker(Role):
         alone = self.pool.busy == 0
         if not alone and (self._isolated_waiting or self._running_isolated()):
             idle = 0  # an isolated job runs alone: none beside it, and none beside one waiting
+        if self.worker.max_jobs is not None:
+            # Jobs run, and jobs held (running, or finished and about to be written), count
+            # against max_jobs: a worker never claims past it, whatever its threads.
+            idle = max(0, min(idle, self.worker.max_jobs - self.jobs_done - len(self.held)))
         claimed = self.flush(claim=idle, isolated_first=alone and self._isolated_waiting)
         if alone and self._isolated_waiting and not any(job.isolated for job in claimed):
             self._isolated_waiting = False  # none was left for us: back to ordinary claims
@@ -409,6 +413,12 @@ class Worker(Role):
         events.emit(
             "process_stopping", process=self.name, running=self.pool.busy, immediate=self.immediate
         )
+        if self.pool.busy:
+            jobs = "job" if self.pool.busy == 1 else "jobs"
+            self.announce_stop(
+                f"waiting up to {self.config.shutdown_timeout:g} s for {self.pool.busy} "
+                f"running {jobs} to finish"
+            )
         deadline = time.monotonic() + self.config.shutdown_timeout
         while not self.immediate and self.fenced_reason is None:
             self._flush_at_stop()

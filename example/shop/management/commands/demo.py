@@ -8,7 +8,16 @@ from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from shop import tasks
+from shop.logs import FAILS_ON_PURPOSE, ON_PURPOSE
 from stalwart import Call, enqueue_many
+
+
+def note(result) -> str:
+    if result.task.run_after:
+        return " (deferred 2 s)"
+    if result.task.module_path == FAILS_ON_PURPOSE:
+        return f" {ON_PURPOSE}"
+    return ""
 
 
 class Command(BaseCommand):
@@ -24,8 +33,7 @@ class Command(BaseCommand):
         ]
         results += enqueue_many(tasks.resize_image, [Call(f"photo-{n}.jpg", 640) for n in range(5)])
         for result in results:
-            when = " (deferred 2 s)" if result.task.run_after else ""
-            self.stdout.write(f"  {result.task.name:<20} {result.id}{when}")
+            self.stdout.write(f"  {result.task.name:<20} {result.id}{note(result)}")
 
         self.stdout.write(
             "\nRunning a worker until the queue is empty (queue work --stop-when-empty)..."
@@ -39,5 +47,7 @@ class Command(BaseCommand):
                 outcome = repr(result.return_value)
             else:
                 outcome = result.errors[-1].traceback.strip().splitlines()[-1]
+                if result.task.module_path == FAILS_ON_PURPOSE:
+                    outcome += f"  {ON_PURPOSE}"
             self.stdout.write(f"  {result.task.name:<20} {result.status:<10} {outcome}")
         self.stdout.write(self.style.SUCCESS("\nDone. The jobs are rows in example/db.sqlite3."))

@@ -1,0 +1,231 @@
+"""Configuration mistakes a newcomer makes, seen from the commands they run: each gets a
+message that names the fix, at the right moment, and the rest of the site keeps working."""
+
+import json
+
+import pytest
+from django.db import connections
+
+from stalwart.models import Job, Process
+from tests.helpers import Child, child_env, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BAD_CRON = json.dumps(
+    {
+        "nightly": {"task": "tests.testapp.tasks.noop", "schedule": "61 * * * *"},
+        "hourly": {"task": "tests.testapp.tasks.noop", "schedule": "@hourly"},
+    }
+)
+
+
+def run(*args: str, **env: str) -> Child:
+    connections.close_all()
+    with Child(*args, env=child_env(**env)) as child:
+        child.wait(timeout=60)
+    return child
+
+
+@pytest.mark.any_database
+def test_without_the_app_in_installed_apps_check_and_enqueue_name_the_fix():
+    # A project whose tasks are imported as its apps load (its signal receivers use them).
+    without_app = {
+        "DJANGO_SETTINGS_MODULE": "tests.settings_without_app",
+        "STALWART_TEST_TASKS_AT_READY": "true",
+    }
+    check = run("check", **without_app)
+    assert check.process.returncode == 1, check.output
+    assert "(stalwart.E004) 'stalwart' is not in INSTALLED_APPS" in check.output
+    assert 'HINT: Add "stalwart" to INSTALLED_APPS' in check.output
+    assert "Traceback" not in check.output
+    shell = run(
+        "shell",
+        "--no-imports",
+        "-c",
+        "from tests.testapp import tasks\n"
+        "try:\n"
+        "    tasks.add.enqueue(1, 2)\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, error)\n",
+        **without_app,
+    )
+    assert shell.process.returncode == 0, shell.output
+    assert "ImproperlyConfigured 'stalwart' is not in INSTALLED_APPS" in shell.output
+    assert not Job.objects.exists()
+
+
+def test_a_bad_cron_expression_is_reported_and_stops_only_the_scheduler():
+    check = run("check", STALWART_RECURRING=BAD_CRON)
+    assert check.process.returncode == 1, check.output
+    assert "(stalwart.E006) TASKS['default']['OPTIONS']['recurring']['nightly']" in check.output
+    assert "Traceback" not in check.output
+
+    queue_check = run("queue", "check", STALWART_RECURRING=BAD_CRON)
+    assert queue_check.process.returncode == 1
+    assert queue_check.output.count("['nightly']") == 1, queue_check.output  # once
+
+    supervise = run("queue", "supervise", STALWART_RECURRING=BAD_CRON)
+    assert supervise.process.returncode == 1
+    assert "The scheduler cannot start: TASKS['default']['OPTIONS']['recurring']['nightly']" in (
+        supervise.output
+    )
+    assert "--no-scheduler" in supervise.output
+    assert "Traceback" not in supervise.output
+    assert not Process.objects.exists()
+
+    enqueued = run(
+        "queue",
+        "enqueue",
+        "tests.testapp.tasks.add",
+        "--args",
+        "[1, 2]",
+        STALWART_RECURRING=BAD_CRON,
+    )
+    assert enqueued.process.returncode == 0, enqueued.output
+    work = run("queue", "work", "--stop-when-empty", STALWART_RECURRING=BAD_CRON)
+    assert work.process.returncode == 0, work.output
+    assert Job.objects.get().status == "successful"
+
+    connections.close_all()
+    with Child(
+        "queue",
+        "supervise",
+        "--no-scheduler",
+        "--processes",
+        "1",
+        env=child_env(STALWART_RECURRING=BAD_CRON),
+    ) as supervisor:
+        wait_for(
+            lambda: (
+                supervisor.process.poll() is not None
+                or Process.objects.filter(kind="worker").exists()
+            ),
+            timeout=30,
+            message="the supervisor to start its worker",
+        )
+        supervisor.signal(15)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output
+
+
+def test_pausing_a_queue_nothing_uses_warns_that_it_may_be_misspelt():
+    misspelt = run("queue", "pause", "defualt")
+    assert misspelt.process.returncode == 0, misspelt.output
+    assert "Paused 'defualt'" in misspelt.output
+    assert "warning: no task, worker, recurring entry or job uses the queue 'defualt'" in (
+        misspelt.output
+    )
+    assert "the project's tasks name: default" in misspelt.output
+    for used in ("default", "other"):  # a task's queue; a name in TASKS['limited']['QUEUES']
+        paused = run(
+            "queue", "pause", used, "--backend", "limited" if used == "other" else "default"
+        )
+        assert paused.process.returncode == 0, paused.output
+        assert "warning" not in paused.output, paused.output
+
+
+# -- database errors: the right hint, on one line -------------------------------------------
+
+
+def test_a_missing_database_is_named_as_such_and_not_retried(vendor):
+    if vendor != "postgresql":
+        pytest.skip("SQLite creates a missing database file")
+    child = run("queue", "retry", "--all", STALWART_DB_NAME="stalwart_no_such_database")
+    assert child.process.returncode == 1
+    assert (
+        "DATABASES['default'] names the database 'stalwart_no_such_database', which does not "
+        "exist on the server (PostgreSQL at 127.0.0.1:5432, database 'stalwart_no_such_database')"
+    ) in child.output
+    assert "Create it (createdb stalwart_no_such_database)" in child.output
+    assert "database_retry" not in child.output  # no retry can create it
+    assert "Traceback" not in child.output
+
+
+def test_a_database_that_cannot_be_reached_says_where_it_was_looked_for(vendor, tmp_path):
+    if vendor == "postgresql":
+        child = run("queue", "status", PGPORT="1")
+        where = "PostgreSQL at 127.0.0.1:1, database"
+    else:
+        missing = tmp_path / "no-such-directory" / "db.sqlite3"
+        child = run("queue", "status", STALWART_DB_NAME=str(missing))
+        where = f"the SQLite file '{missing}'"
+    assert child.process.returncode == 1
+    assert f"Cannot connect to DATABASES['default'], {where}" in child.output
+    assert "Traceback" not in child.output
+    assert len(child.output.strip().splitlines()) == 1, child.output
+
+
+def test_a_queue_in_another_database_says_migrate_database_alias(tmp_path):
+    queue = str(tmp_path / "queue.sqlite3")
+    check = run("queue", "check", STALWART_QUEUE_DATABASE=queue)
+    assert check.process.returncode == 1
+    assert "error: DATABASES['queue'] lacks migrations: stalwart.0001_initial" in check.output
+    assert "Run 'python manage.py migrate --database queue'." in check.output
+    status = run("queue", "status", STALWART_QUEUE_DATABASE=queue)
+    assert status.process.returncode == 1
+    assert (
+        f"Stalwart's tables are missing from DATABASES['queue'] (the SQLite file '{queue}'): "
+        "run 'python manage.py migrate --database queue'."
+    ) in status.output
+
+
+def test_an_outage_logs_one_line_when_it_starts_and_one_with_a_count_when_it_ends(tmp_path):
+    # A worker started before its queue's tables exist: it waits, saying so once, on one
+    # line (with the hint), and says when it is over, with how many tries failed.
+    queue = str(tmp_path / "queue.sqlite3")
+    connections.close_all()
+    with Child(
+        "queue", "work", "--poll-interval", "0.05", env=child_env(STALWART_QUEUE_DATABASE=queue)
+    ) as worker:
+        wait_for(
+            lambda: worker.output.count("action=database_unavailable") == 1,
+            timeout=30,
+            message="the worker to report the outage",
+        )
+        migrate = run("migrate", "--database", "queue", STALWART_QUEUE_DATABASE=queue)
+        assert migrate.process.returncode == 0, migrate.output
+        wait_for(
+            lambda: "action=database_recovered" in worker.output,
+            timeout=30,
+            message="the worker to report the end of the outage",
+        )
+        worker.signal(15)
+        assert worker.wait(timeout=30) == 0, worker.output
+    lines = worker.output.splitlines()
+    [unavailable] = [line for line in lines if "action=database_unavailable" in line]
+    assert 'error="OperationalError: no such table: stalwart_' in unavailable
+    assert "hint=\"Stalwart's tables are missing from DATABASES['queue']" in unavailable
+    assert "run 'python manage.py migrate --database queue'." in unavailable
+    [recovered] = [line for line in lines if "action=database_recovered" in line]
+    assert " failures=" in recovered
+    assert int(recovered.split(" failures=")[1].split()[0]) >= 1
+    # Every line is an event (no continuation lines), and the outage made no others.
+    assert all(" action=" in line for line in lines if line.strip()), worker.output
+    assert sum("WARNING" in line for line in lines) == 1, worker.output
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.any_database
+def test_enqueue_with_positional_values_shows_its_own_usage_and_where_they_go():
+    child = run("queue", "enqueue", "tests.testapp.tasks.add", "5", "x")
+    assert child.process.returncode == 2
+    assert "queue enqueue [-h] [--backend BACKEND] [--args JSON]" in child.output
+    assert (
+        "queue enqueue: error: unrecognized arguments: 5 x (the task's arguments go in --args, "
+        """as a JSON array: --args '[5, "x"]')"""
+    ) in child.output
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("verb", ["retry", "discard", "run-now"])
+def test_a_task_path_that_matches_no_job_and_no_task_is_an_error(verb):
+    typo = run("queue", verb, "--task", "tests.testapp.tasks.ad")
+    assert typo.process.returncode == 1
+    assert (
+        "--task 'tests.testapp.tasks.ad' matches no job, and no task of the project: "
+        "'tests.testapp.tasks.ad' does not exist: module 'tests.testapp.tasks' has no 'ad'."
+    ) in typo.output
+    real = run("queue", verb, "--task", "tests.testapp.tasks.add")
+    assert real.process.returncode == 0, real.output
+    assert " 0 " in real.output
