@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,13 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Run before each started child: the kernel SIGKILLs the child if the test run ends without
+# reaping it (pytest itself killed, so no fixture's teardown runs); its own children then
+# notice their supervisor is gone and stop on their own. util-linux's setpriv sets this and
+# execs the command, so no Python runs between the fork and the exec.
+_DIE_WITH_THE_TEST_RUN = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+
+
 class Child:
     """A process running ``python -m django …`` against the test database. Always reaped."""
 
@@ -120,7 +128,7 @@ class Child:
         # A file, not a pipe: a pipe nobody reads fills up and blocks the child's logging.
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in _collect()
         self.process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "django", *args],
+            [*_DIE_WITH_THE_TEST_RUN, *prefix, sys.executable, "-m", "django", *args],
             cwd=ROOT,
             env=env or child_env(),
             stdout=self._log,
