@@ -229,6 +229,12 @@ def bench_bulk_enqueue(count: int) -> None:
 # -- drain -----------------------------------------------------------------------------------
 
 
+def python_path() -> str:
+    """The benchmark's root first (for its settings), then any PYTHONPATH given: so another
+    checkout's ``src`` can be measured with the same benchmark."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def start_processes(command: list[str], count: int) -> list[subprocess.Popen]:
     from django.db import connections
 
@@ -237,7 +243,7 @@ def start_processes(command: list[str], count: int) -> list[subprocess.Popen]:
         subprocess.Popen(
             [sys.executable, *command],
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": python_path()},
         )
         for _ in range(count)
     ]
@@ -362,43 +368,121 @@ def transactions(database: str) -> int:
         ).fetchone()[0]
 
 
+def server_log() -> Path | None:
+    """The server's log file, if this process can read it (``STALWART_BENCH_PG_LOG``, the
+    logging collector's current file, or Debian's default)."""
+    candidates = [os.environ.get("STALWART_BENCH_PG_LOG")]
+    with server_connection() as conn:
+        current = conn.execute("SELECT pg_current_logfile()").fetchone()[0]
+        directory = conn.execute("SELECT current_setting('data_directory')").fetchone()[0]
+        version = conn.execute("SELECT current_setting('server_version_num')").fetchone()[0]
+    if current:
+        candidates.append(current if current.startswith("/") else f"{directory}/{current}")
+    candidates.append(f"/var/log/postgresql/postgresql-{int(version) // 10000}-main.log")
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.R_OK):
+            return Path(candidate)
+    return None
+
+
+def backends_by_process(database: str, pids: dict[int, str]) -> dict[str, str]:
+    """Which of our processes (``pids``: pid -> role) holds each server backend of
+    ``database``, by the client port of the backend's connection."""
+    import psutil
+
+    port_owner = {}
+    for pid, role in pids.items():
+        try:
+            for conn in psutil.Process(pid).net_connections(kind="inet"):
+                if conn.laddr:
+                    port_owner[conn.laddr.port] = role
+        except psutil.Error:
+            continue
+    with server_connection() as conn:
+        rows = conn.execute(
+            "SELECT pid, client_port FROM pg_stat_activity WHERE datname = %s", [database]
+        ).fetchall()
+    return {str(pid): port_owner.get(port, "other") for pid, port in rows}
+
+
+def tree_roles(tree: subprocess.Popen) -> dict[int, str]:
+    import psutil
+
+    roles = {tree.pid: "supervisor"}
+    for child in psutil.Process(tree.pid).children():
+        try:
+            title = " ".join(child.cmdline())  # setproctitle: "stalwart worker [...] idle"
+        except psutil.Error:
+            continue
+        for kind in ("worker", "dispatcher", "scheduler"):
+            if f"stalwart {kind}" in title:
+                roles[child.pid] = kind
+    return roles
+
+
 def bench_idle(seconds: float) -> None:
     """Statements per second of an idle supervised tree: supervisor, 1 worker, 1 dispatcher,
-    scheduler (one recurring task, not due), at the default heartbeat interval.
+    scheduler (one recurring task, not due soon), at the default heartbeat interval.
 
-    Counted by the server (``pg_stat_database``: each autocommitted statement is one
-    transaction) in the benchmark's own database, while the benchmark itself holds no
-    connection there. Backends report their counts to the statistics within about a
-    second of going idle (at most ten), so the window starts after a settling time and is
-    long compared with that lag.
+    Counted in the server's log where the benchmark can read it: ``log_statement = 'all'``
+    is set on the benchmark's own database for the window (and reset after), and each
+    statement is charged to the process whose connection sent it (matched by client port).
+    Otherwise, counted as transactions in ``pg_stat_database`` (each autocommitted statement
+    is one): the server files those up to ten seconds late, so a window's count may include
+    some of the start.
     """
     from django.conf import settings
-
-    database = settings.DATABASES["default"]["NAME"]
-    command = ["-m", "django", "queue", "supervise", "--processes", "1", "--threads", "5"]
-    command += ["--dispatchers", "1", "-v", "0"]
     from django.db import connections
 
+    database = settings.DATABASES["default"]["NAME"]
+    log = server_log()
+    if log is not None:
+        with server_connection() as conn:
+            conn.execute(f"ALTER DATABASE \"{database}\" SET log_statement = 'all'")
+    command = ["-m", "django", "queue", "supervise", "--processes", "1", "--threads", "5"]
+    command += ["--dispatchers", "1", "-v", "0"]
     connections.close_all()
     tree = subprocess.Popen(
         [sys.executable, *command],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "STALWART_BENCH_HEARTBEAT": "10"},
+        env={**os.environ, "PYTHONPATH": python_path(), "STALWART_BENCH_HEARTBEAT": "10"},
     )
     try:
         time.sleep(15.0)  # start, register, first heartbeats and chores, settle
+        roles = tree_roles(tree)
         before = transactions(database)
+        offset = log.stat().st_size if log is not None else 0
         time.sleep(seconds)
         after = transactions(database)
+        backends = backends_by_process(database, roles) if log is not None else {}
     finally:
         stop_workers([tree])
-    processes = 4
-    total = (after - before) / seconds
+        if log is not None:
+            with server_connection() as conn:
+                conn.execute(f'ALTER DATABASE "{database}" RESET log_statement')
+    if log is None:
+        total = (after - before) / seconds
+        print(f"{'idle: transactions/s, whole tree':<38}{total:>10.2f}  (pg_stat_database)")
+        print(f"{'idle: transactions/s per process':<38}{total / 4:>10.2f}  (4 processes)")
+        clear_jobs()
+        return
+    import re
+
+    with log.open(errors="replace") as file:
+        file.seek(offset)
+        text = file.read()
+    pattern = re.compile(rf"\[(\d+)\] \S*@{re.escape(database)} LOG:  (?:statement|execute)")
+    counts = dict.fromkeys(("supervisor", "worker", "dispatcher", "scheduler"), 0)
+    for match in pattern.finditer(text):
+        role = backends.get(match.group(1), "other")
+        counts[role] = counts.get(role, 0) + 1
+    total = sum(counts.values())
     print(
-        f"{'idle: statements/s, whole tree':<38}{total:>10.2f}  "
-        f"({after - before} in {seconds:.0f} s; supervisor, worker, dispatcher, scheduler)"
+        f"{'idle: statements/s, whole tree':<38}{total / seconds:>10.2f}  "
+        f"({total} in {seconds:.0f} s, from the server's log)"
     )
-    print(f"{'idle: statements/s per process':<38}{total / processes:>10.2f}")
+    for role, count in counts.items():
+        print(f"{'idle: statements/s, ' + role:<38}{count / seconds:>10.2f}")
     clear_jobs()
 
 

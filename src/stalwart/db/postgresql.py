@@ -29,7 +29,10 @@ from stalwart.db.base import (
 )
 from stalwart.queues import QueuePattern
 
-CHANNEL = "stalwart"
+CHANNEL = "stalwart"  # payload: a queue that has a new ready job
+# Payload: when a new scheduled job is due, in seconds since the epoch on the database's
+# clock. Dispatchers sleep until their next due job, and wake for one due sooner.
+SCHEDULED_CHANNEL = "stalwart_scheduled"
 SMALL_INSERT = 20  # rows up to which an insert sends VALUES rather than arrays
 # Another job released in the same statement with the same unique key and a smaller id.
 _SIBLING_IN_MINE = """
@@ -130,20 +133,24 @@ class PostgreSQLStatements(Statements):
         else:
             params = [list(column) for column in zip(*rows, strict=True)]
             insert = _INSERT_UNNEST
-        # Queues getting a ready job, as far as this host can tell (a job the database finds
-        # due though the host did not is found at the next poll).
-        queues = sorted({job.queue_name for job in jobs if job.status == "ready"})
-        if not (notify and queues):
+        if not notify:
             cursor.execute(insert, params)
             return
         # NOTIFY is transactional: idle workers wake when the enqueue commits, not before.
+        # Each status is the database clock's verdict: the queues of the new ready jobs, and
+        # the earliest new scheduled job for the dispatchers.
         cursor.execute(
             f"""
-            WITH inserted AS ({insert} RETURNING 1)
+            WITH inserted AS ({insert} RETURNING status, queue_name, available_at)
             SELECT (SELECT count(*) FROM inserted),
-                   (SELECT count(pg_notify('{CHANNEL}', q)) FROM unnest(%s::text[]) AS q)
+                   (SELECT count(pg_notify('{CHANNEL}', q)) FROM (
+                        SELECT DISTINCT queue_name AS q FROM inserted WHERE status = 'ready'
+                    ) AS qs),
+                   (SELECT count(pg_notify('{SCHEDULED_CHANNEL}', extract(epoch FROM due)::text))
+                    FROM (SELECT min(available_at) AS due FROM inserted
+                          WHERE status = 'scheduled') AS earliest WHERE due IS NOT NULL)
             """,
-            [*params, queues],
+            params,
         )
 
     def insert_unique(self, cursor: Any, job: NewJob, notify: bool) -> bool:
@@ -156,6 +163,8 @@ class PostgreSQLStatements(Statements):
         row = cursor.fetchone()
         if row is not None and notify and row[0] == "ready":
             self.notify(cursor, [job.queue_name])
+        if row is not None and notify and row[0] == "scheduled":
+            self.notify_scheduled(cursor, due_at=job.run_after or job.available_at)
         return row is not None
 
     # The claim, in two parts so that it can also follow a finish in one statement.
@@ -453,6 +462,29 @@ class PostgreSQLStatements(Statements):
                 f"SELECT count(pg_notify('{CHANNEL}', q)) FROM unnest(%s::text[]) AS q",
                 [sorted(set(queue_names))],
             )
+
+    def notify_scheduled(
+        self, cursor: Any, *, due_in: float | None = None, due_at: Any = None
+    ) -> None:
+        """Tell dispatchers that a job is due ``due_in`` seconds from now, or at ``due_at``."""
+        if due_at is None:
+            due = "now() + make_interval(secs => %s)"
+            params = [due_in]
+        else:
+            due = "GREATEST(%s::timestamptz, now())"
+            params = [due_at]
+        cursor.execute(
+            f"SELECT pg_notify('{SCHEDULED_CHANNEL}', extract(epoch FROM {due})::text)", params
+        )
+
+    def next_due(self, cursor: Any) -> tuple[float, float | None]:
+        """The database clock now, and when the earliest scheduled job is due (None: no
+        scheduled job), in seconds since the epoch."""
+        cursor.execute(
+            "SELECT extract(epoch FROM now())::float8, (SELECT extract(epoch FROM available_at)"
+            "::float8 FROM stalwart_job WHERE status = 'scheduled' ORDER BY available_at LIMIT 1)"
+        )
+        return cursor.fetchone()
 
     def ago_sql(self) -> str:
         return "now() - make_interval(secs => %s)"
