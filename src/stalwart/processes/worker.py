@@ -218,6 +218,9 @@ class Worker(Role):
         if now >= self._next_reconcile:
             self._next_reconcile = now + self.config.heartbeat_interval
             self._reconcile()
+            # Idle, it claims nothing, but says in its heartbeat which pauses it honours,
+            # and polls often while a queue it serves is paused.
+            self._paused = paused_queues(database=self.database)
         if self.chores is not None:
             self.chores.run_due(exclude=self.registration.id)
         if self._recycle_due() or self._check_timeouts():
