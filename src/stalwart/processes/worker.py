@@ -415,8 +415,7 @@ class Worker(Role):
             timeout = task_timeout(job.task_path)
             if timeout is not None:
                 self.deadlines[job.id] = (started + timeout, timeout)
-        for job in runnable:
-            self.pool.submit(job)
+        self.pool.submit_all(runnable)
 
     def _write_timeouts(self) -> None:
         """Fail (or retry) the attempts that ran past their timeout: last, just before exit.
