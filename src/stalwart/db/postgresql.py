@@ -113,6 +113,19 @@ _FINISHED_AS_CLAIMED = ", ".join(
 )
 
 
+def _server_bound_cursor(connection: Any) -> Any:
+    """A psycopg cursor that binds on the server and never prepares its statements: a
+    prepared statement lives in one server session, which a pooler in transaction mode
+    (PgBouncer) does not keep from one transaction to the next."""
+    import psycopg  # here: SQLite-only projects import this module without psycopg
+
+    class Unprepared(psycopg.Cursor):
+        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
+            return super().execute(query, params, **{**options, "prepare": False})
+
+    return Unprepared(connection)
+
+
 class PostgreSQLStatements(Statements):
     vendor = "postgresql"
     insert_chunk = 5000  # unnest() takes one array per column, whatever the row count
@@ -155,10 +168,8 @@ class PostgreSQLStatements(Statements):
         # connection (so in the caller's transaction, through its execute wrappers) that
         # binds on the server. Django's cursors bind on the client, quoting every element
         # of every array into the SQL text: half the time of a bulk enqueue.
-        import psycopg  # here: SQLite-only projects import this module without psycopg
-
         raw = getattr(cursor, "cursor", cursor).connection
-        with self.connection.make_cursor(psycopg.Cursor(raw)) as server_cursor:
+        with self.connection.make_cursor(_server_bound_cursor(raw)) as server_cursor:
             server_cursor.execute(insert.replace("%s", "%b"), params)
 
     def insert_unique(self, cursor: Any, job: NewJob, notify: bool) -> bool:
