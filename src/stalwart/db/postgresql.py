@@ -12,6 +12,7 @@ when a scheduled job is due, when a process is silent, when a row is old. Hosts 
 about the time; the database never disagrees with itself.
 """
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,14 +94,40 @@ def _insert_select(*, cast_json: bool) -> str:
 # A few rows go as VALUES (cheap to send)...
 _VALUES_ROW = "(" + ", ".join(f"%s::{kind}" for kind in _INSERT_TYPES) + ")"
 _INSERT_VALUES = _insert_select(cast_json=False) + " FROM (VALUES {rows}) AS " + _ROW
-# ...many as one array per column (JSON as text arrays, each element cast on the way out).
-_INSERT_UNNEST = (
-    _insert_select(cast_json=True)
-    + " FROM unnest("
-    + ", ".join(f"%s::{'text' if kind == 'jsonb' else kind}[]" for kind in _INSERT_TYPES)
-    + ") AS "
-    + _ROW
-)
+# ...many as one array per column that differs between the rows (JSON as text, cast on
+# the way out), and one value for each column the rows share: the jobs of one
+# enqueue_many() share all but their ids and arguments.
+_INSERT_TAKEN_AS = {kind: "text" if kind == "jsonb" else kind for kind in _INSERT_TYPES}
+
+
+@functools.cache
+def _insert_unnest(varying: tuple[bool, ...]) -> str:
+    """The insert for the columns flagged ``varying`` sent as arrays (after the shared
+    values, in column order)."""
+    columns = zip(INSERT_COLUMNS, _INSERT_TYPES, varying, strict=True)
+    select, arrays, names = [], [], []
+    for name, kind, varies in columns:
+        if varies:
+            select.append(f"u.{name}")
+            arrays.append(f"%s::{_INSERT_TAKEN_AS[kind]}[]")
+            names.append(name)
+        else:
+            select.append(f"%s::{_INSERT_TAKEN_AS[kind]} AS {name}")
+    return (
+        _insert_select(cast_json=True)
+        + f" FROM (SELECT {', '.join(select)} FROM unnest({', '.join(arrays)})"
+        + f" AS u({', '.join(names)})) AS row"
+    )
+
+
+def _unnest_params(rows: list[list]) -> tuple[tuple[bool, ...], list]:
+    """Which columns differ between ``rows``, and the parameters of ``_insert_unnest``."""
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    varying = tuple(any(value != column[0] for value in column) for column in columns)
+    shared = [column[0] for column, varies in zip(columns, varying, strict=True) if not varies]
+    arrays = [column for column, varies in zip(columns, varying, strict=True) if varies]
+    return varying, shared + arrays
+
 
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
 # Rows written by finish_and_claim, in the claim's columns: their finish time stands in
@@ -144,8 +171,8 @@ class PostgreSQLStatements(Statements):
             params = [value for row in rows for value in row]
             insert = _INSERT_VALUES.format(rows=", ".join([_VALUES_ROW] * len(jobs)))
         else:
-            params = [list(column) for column in zip(*rows, strict=True)]
-            insert = _INSERT_UNNEST
+            varying, params = _unnest_params(rows)
+            insert = _insert_unnest(varying)
         if notify:
             # NOTIFY is transactional: idle workers wake when the enqueue commits, not
             # before. Each status is the database clock's verdict: the queues of the new
