@@ -123,7 +123,7 @@ def _insert_unnest(varying: tuple[bool, ...]) -> str:
 def _unnest_params(rows: list[list]) -> tuple[tuple[bool, ...], list]:
     """Which columns differ between ``rows``, and the parameters of ``_insert_unnest``."""
     columns = [list(column) for column in zip(*rows, strict=True)]
-    varying = tuple(any(value != column[0] for value in column) for column in columns)
+    varying = tuple(column.count(column[0]) != len(column) for column in columns)
     shared = [column[0] for column, varies in zip(columns, varying, strict=True) if not varies]
     arrays = [column for column, varies in zip(columns, varying, strict=True) if varies]
     return varying, shared + arrays
