@@ -195,7 +195,11 @@ class Worker(Role):
                 more = self.step(self._tick)
                 if more is None:
                     break
-                if more is not FAILED and not more:
+                if more is FAILED:
+                    # The backoff may have swallowed a wake-up (a notification, a finished
+                    # job): the next round looks, whatever failed in this one.
+                    self._look = True
+                elif not more:
                     woken = self.pause(self._wait_time())
                     self._gather()
                     self._look = woken or time.monotonic() >= self._next_poll
