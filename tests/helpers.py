@@ -23,6 +23,13 @@ from stalwart.queues import QueueSelector
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Through PgBouncer (STALWART_TEST_DATABASE=postgresql-pgbouncer), "default" is a pooled
+# connection: what a test needs a session for (a lock held across statements) goes to
+# "direct", PostgreSQL itself.
+PGBOUNCER = os.environ.get("STALWART_TEST_DATABASE") == "postgresql-pgbouncer"
+SESSION_DATABASE = "direct" if PGBOUNCER else "default"
+DATABASES = sorted({"default", SESSION_DATABASE})  # for django_db(databases=...)
+
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 10.0, message: str = "") -> Any:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
