@@ -124,7 +124,9 @@ def test_a_bad_cron_expression_is_a_check_error_naming_the_entry_not_a_broken_si
 
 
 def behind_a_pooler(backend, **options: object) -> SimpleNamespace:
-    """The backend with these OPTIONS (``transaction_pooler``, ``listen_database``)."""
+    """The backend with these OPTIONS (``transaction_pooler``, ``listen_database``), whatever
+    the test settings say."""
+    options = {"transaction_pooler": False, "listen_database": None, **options}
     return SimpleNamespace(alias=backend.alias, config=replace(backend.config, **options))
 
 
