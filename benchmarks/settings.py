@@ -45,6 +45,17 @@ TASKS = {
         },
     }
 }
+if os.environ.get("STALWART_PGBOUNCER_PORT"):
+    # Through PgBouncer in transaction mode on this port (python -m tests.pgbouncer sets it),
+    # with LISTEN on a direct connection; STALWART_BENCH_LISTEN=poll: without one, polling.
+    DATABASES["direct"] = dict(DATABASES["default"])
+    DATABASES["default"].update(
+        PORT=os.environ["STALWART_PGBOUNCER_PORT"], DISABLE_SERVER_SIDE_CURSORS=True
+    )
+    TASKS["default"]["OPTIONS"]["transaction_pooler"] = True
+    TASKS["default"]["OPTIONS"]["listen_database"] = (
+        None if os.environ.get("STALWART_BENCH_LISTEN") == "poll" else "direct"
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

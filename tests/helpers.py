@@ -23,6 +23,19 @@ from stalwart.queues import QueueSelector
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Through PgBouncer (STALWART_TEST_DATABASE=postgresql-pgbouncer), "default" is a pooled
+# connection: what a test needs a session for (a lock held across statements) goes to
+# "direct", PostgreSQL itself.
+PGBOUNCER = os.environ.get("STALWART_TEST_DATABASE") == "postgresql-pgbouncer"
+SESSION_DATABASE = "direct" if PGBOUNCER else "default"
+DATABASES = sorted({"default", SESSION_DATABASE})  # for django_db(databases=...)
+# Why a test of the queue's lock_timeout and statement_timeout does not run through PgBouncer.
+WITHOUT_TIMEOUTS = (
+    "behind a pooler in transaction mode the queue's sessions carry no lock_timeout or "
+    "statement_timeout (PgBouncer refuses them; docs/how-to/use-pgbouncer.md): a lock held "
+    "by the application is waited for, not given up on"
+)
+
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 10.0, message: str = "") -> Any:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""

@@ -3,6 +3,10 @@
 - ``sqlite`` (default): a file in the temporary directory, shared with forked workers.
 - ``postgresql``: the server named by the usual libpq variables (PGHOST, PGPORT, PGUSER,
   PGPASSWORD), default 127.0.0.1:5432 as ``postgres``.
+- ``postgresql-pgbouncer``: the same server through PgBouncer in transaction mode, on
+  127.0.0.1:``STALWART_PGBOUNCER_PORT`` (``python -m tests.pgbouncer COMMAND`` starts one and
+  sets it), with ``transaction_pooler`` and LISTEN on the alias ``direct`` (PostgreSQL itself);
+  ``STALWART_LISTEN_DATABASE=""``: no ``listen_database``, so workers poll.
 
 Processes the tests start get ``STALWART_DB_NAME``: the test database itself.
 ``STALWART_QUEUE_DATABASE`` (a path) puts the queue in a SQLite database of its own.
@@ -60,7 +64,7 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test logins
 
-if VENDOR == "postgresql":
+if VENDOR in ("postgresql", "postgresql-pgbouncer"):
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
@@ -76,6 +80,12 @@ if VENDOR == "postgresql":
     if os.environ.get("STALWART_TEST_POOL") == "true":
         # Django's connection pool (psycopg_pool): each process must build its own.
         DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": 12, "timeout": 10}}
+    if VENDOR == "postgresql-pgbouncer":
+        # The test database is created and dropped through PgBouncer too (its wildcard entry).
+        DATABASES["direct"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+        DATABASES["default"].update(
+            PORT=os.environ["STALWART_PGBOUNCER_PORT"], DISABLE_SERVER_SIDE_CURSORS=True
+        )
 elif VENDOR == "sqlite":
     _sqlite_file = str(Path(tempfile.gettempdir()) / f"stalwart-tests-{RUN}.sqlite3")
     DATABASES = {
@@ -91,7 +101,9 @@ elif VENDOR == "sqlite":
         }
     }
 else:
-    raise RuntimeError(f"STALWART_TEST_DATABASE must be sqlite or postgresql, not {VENDOR!r}")
+    raise RuntimeError(
+        f"STALWART_TEST_DATABASE must be sqlite, postgresql or postgresql-pgbouncer, not {VENDOR!r}"
+    )
 
 TASKS = {
     "default": {
@@ -116,6 +128,12 @@ TASKS = {
     },
     "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend", "QUEUES": []},
 }
+
+if VENDOR == "postgresql-pgbouncer":
+    TASKS["default"]["OPTIONS"]["transaction_pooler"] = True
+    TASKS["default"]["OPTIONS"]["listen_database"] = (
+        os.environ.get("STALWART_LISTEN_DATABASE", "direct") or None
+    )
 
 if os.environ.get("STALWART_QUEUE_DATABASE"):
     # The queue in a database of its own (a SQLite file at this path), as OPTIONS["database"]

@@ -9,16 +9,16 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from stalwart import Call, enqueue_many
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
-from tests.helpers import register_processes, wait_for
+from tests.helpers import DATABASES, SESSION_DATABASE, register_processes, wait_for
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 EVERYTHING = QueueSelector.parse("*")
 
@@ -49,13 +49,12 @@ class ClaimThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_backend_pid()")
-                    self.backend_pid = cursor.fetchone()[0]
-                    if self.paused:
-                        cursor.execute("SET stalwart.pause = 'on'")
-            self.claimed = claim(self.owner, self.limit)
+            if connection.vendor != "postgresql":
+                self.claimed = claim(self.owner, self.limit)
+                return
+            with transaction.atomic():
+                self.backend_pid = paused_session(self.paused)
+                self.claimed = claim(self.owner, self.limit)
         except BaseException as error:  # noqa: BLE001 - reported by result()
             self.error = error
         finally:
@@ -88,7 +87,7 @@ def pause_trigger(vendor) -> Iterator[object]:
                 FOR EACH ROW EXECUTE FUNCTION stalwart_test_pause();
             """
         )
-    control = connections.create_connection("default")
+    control = connections.create_connection(SESSION_DATABASE)  # holds a session lock
     with control.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [PAUSE_LOCK])
     try:
@@ -100,6 +99,17 @@ def pause_trigger(vendor) -> Iterator[object]:
         with connection.cursor() as cursor:
             cursor.execute("DROP TRIGGER IF EXISTS stalwart_test_pause ON stalwart_job")
             cursor.execute("DROP FUNCTION IF EXISTS stalwart_test_pause()")
+
+
+def paused_session(paused: bool) -> int:
+    """In a transaction: its server process id, after ``SET LOCAL stalwart.pause`` if
+    ``paused``. One transaction keeps one server connection, through PgBouncer too."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+        if paused:
+            cursor.execute("SET LOCAL stalwart.pause = 'on'")
+        return pid
 
 
 def wait_until_paused(backend_pid: int) -> None:

@@ -19,6 +19,8 @@ from stalwart.processes.registry import release_orphans
 from stalwart.processes.runner import Finished
 from stalwart.queues import QueueSelector
 from tests.helpers import (
+    PGBOUNCER,
+    WITHOUT_TIMEOUTS,
     WorkerThread,
     locking_job_row,
     make_worker,
@@ -143,6 +145,7 @@ def test_an_outcome_whose_commit_answer_was_lost_is_reported_not_discarded(
     assert finished_signals == [result.id]
 
 
+@pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
 def test_an_application_lock_on_a_job_row_does_not_stall_the_worker(vendor, recorded_events):
     if vendor != "postgresql":
         pytest.skip("row locks are PostgreSQL's; SQLite's one writer is another matter")
@@ -253,6 +256,7 @@ def test_a_worker_stopped_past_its_timeout_keeps_the_jobs_its_threads_still_run(
         gate.set()
 
 
+@pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
 def test_a_timed_out_attempt_is_never_released_while_its_thread_runs(
     vendor, backend, recorded_events
 ):
@@ -270,6 +274,7 @@ def test_a_timed_out_attempt_is_never_released_while_its_thread_runs(
     assert (job.status, job.owner) == ("running", first.worker.registration.id)  # ...so ours
 
 
+@pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
 def test_an_outcome_written_before_a_cut_link_is_reported_not_discarded(
     vendor, recorded_events, finished_signals
 ):

@@ -142,11 +142,12 @@ class Worker(Role):
 
     def main(self) -> None:
         if self.config.listen_notify and connections[self.database].vendor == "postgresql":
+            listen_on = self.config.listen_database  # a direct connection, past a pooler
             self._listener = Listener(
-                self.database,
+                listen_on or self.database,
                 self.selector.serves,
                 self.waker.wake,
-                session=lambda: self.open_session("listener"),
+                session=lambda: self.open_session("listener", database=listen_on),
                 process=self.name,
             )
             self._listener.start()
