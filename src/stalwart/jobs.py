@@ -350,11 +350,32 @@ class JobStore:
             )
         return handed_out
 
-    def unblock_all(self) -> int:
-        """Hand out every free slot (a sweep: safe to run anywhere, any time)."""
+    def unblock_all(self, *, batch: int = 1000) -> int:
+        """Hand out every free slot (a sweep: safe to run anywhere, any time); return how
+        many jobs were made ready.
 
-        def keys() -> list[str]:
+        Set-based and bounded: each transaction looks at up to ``batch`` keys with blocked
+        jobs, in key order, in a few statements, and the next one goes on after the last of
+        them; so no transaction holds more than ``batch`` key locks, and 100,000 keys cost a
+        hundred transactions, not 100,000."""
+        handed_out, after = 0, None
+        while True:
+
+            def sweep(cursor: Any, after: str | None = after) -> tuple[int, str | None]:
+                return self.statements.unblock_sweep(
+                    cursor, after=after, limit=batch, notify=self.notify
+                )
+
+            made_ready, after = self._in_transaction("unblock", sweep, atomic=True)
+            handed_out += made_ready
+            if after is None:
+                return handed_out
+
+    def waiting_queues(self) -> list[str]:
+        """The queues with a job ready, blocked or scheduled (for ``--stop-when-empty``)."""
+
+        def look() -> list[str]:
             with self.connection.cursor() as cursor:
-                return self.statements.blocked_keys(cursor)
+                return self.statements.waiting_queues(cursor)
 
-        return self.unblock(retry_transient(self.database, keys, what="blocked keys"))
+        return retry_transient(self.database, look, what="waiting queues")
