@@ -541,14 +541,16 @@ class Statements:
     def take_write_lock(self, cursor: Any) -> None:
         """Make the transaction a writer before it reads (SQLite: no read-then-upgrade)."""
 
-    def orphan_owners(self, cursor: Any) -> list[int]:
-        """Owners of running jobs that have no process row."""
+    def orphan_owners(self, cursor: Any, *, limit: int | None = None) -> list[int]:
+        """Owners of running jobs that have no process row (the ``limit`` smallest)."""
         cursor.execute(
             "SELECT DISTINCT owner FROM stalwart_job WHERE status = 'running' "
             "AND owner IS NOT NULL AND NOT EXISTS ("
-            "SELECT 1 FROM stalwart_process WHERE stalwart_process.id = stalwart_job.owner)"
+            "SELECT 1 FROM stalwart_process WHERE stalwart_process.id = stalwart_job.owner) "
+            f"ORDER BY owner{'' if limit is None else ' LIMIT %s'}",
+            [] if limit is None else [limit],
         )
-        return sorted(row[0] for row in cursor.fetchall())
+        return [row[0] for row in cursor.fetchall()]
 
     def delete_process_if_dead(
         self, cursor: Any, *, process_id: int, threshold: float
@@ -814,6 +816,15 @@ class Statements:
         keys = self.blocked_keys(cursor, after=after, limit=limit)
         if not keys:
             return 0, None
+        return self.unblock_keys(cursor, keys=keys, notify=notify), keys[-1]
+
+    def unblock_keys(self, cursor: Any, *, keys: Sequence[str], notify: bool) -> int:
+        """Hand out the free slots of these keys (a few statements for all of them); return
+        how many jobs were made ready. Call inside a transaction."""
+        keys = sorted(set(keys))
+        if not keys:
+            return 0
+        self.take_write_lock(cursor)
         marks = ", ".join(["%s"] * len(keys))
         cursor.execute(f"SELECT key FROM stalwart_concurrency_key WHERE key IN ({marks})", keys)
         missing = sorted(set(keys) - {row[0] for row in cursor.fetchall()})
@@ -862,8 +873,7 @@ class Statements:
             queues += [row[0] for row in cursor.fetchall()]
         if queues and notify:
             self.notify(cursor, queues)
-        made_ready = len(queues)
-        return made_ready, keys[-1]
+        return len(queues)
 
     def _add_concurrency_keys(self, cursor: Any, keys: Sequence[str]) -> None:
         """Give keys without a row one, with the limit their newest blocked job has."""
