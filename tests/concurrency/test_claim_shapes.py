@@ -141,4 +141,4 @@ def test_many_threads_claiming_around_a_paused_queue_get_disjoint_jobs(selector)
     queues = set(Job.objects.filter(id__in=ids).values_list("queue_name", flat=True))
     assert "paused" not in queues
     for owner, claimed in results.items():
-        assert set(Job.objects.filter(id__in=claimed).values_list("owner", flat=True)) == {owner}
+        assert set(Job.objects.filter(id__in=claimed).values_list("owner", flat=True)) <= {owner}
