@@ -16,9 +16,11 @@ read by a sequential scan, and how many rows a filter threw away. Figures are pr
 never asserted; the machine is shared, so compare figures measured in one run.
 
 ``--accumulate N`` then turns ``N`` jobs of the big queue over (claimed, finished, and
-replaced by new ready jobs, committed, no vacuum of ours) and measures the claims again
-after each fifth of them: once with autovacuum as the migrations set it for the job table,
-once with autovacuum off for it. ``--keep`` reuses the table of an earlier run.
+replaced by new ready jobs, committed) and measures the claims again after each fifth of
+them: once with no vacuum at all, once with a vacuum each time the job table's dead rows
+pass the threshold its autovacuum settings (migration 0001) give, as autovacuum would.
+``--keep`` reuses the table of an earlier run; ``--only TEXT`` measures only the statements
+whose name contains it; ``--show`` prints each plan in full.
 """
 
 import argparse
@@ -39,7 +41,7 @@ os.environ["STALWART_BENCH_DATABASE"] = "postgresql"
 
 BIG = "bulk"  # the queue with the backlog (70k ready jobs), paused in some cases
 SMALL = ("default", "mail", "reports")
-LIVE_OWNERS = 10  # processes holding the running jobs
+LIVE_OWNERS = 500  # worker processes holding the running jobs, about ten each
 ORPHAN_OWNER = 987_654_321  # an owner with no process row: the orphan sweep's work
 RECURRING_KEYS = 20
 
@@ -65,8 +67,8 @@ def fill(total: int) -> None:
     }
     Process.objects.all().delete()
     now = _now()
-    for number in range(LIVE_OWNERS):
-        Process.objects.create(
+    Process.objects.bulk_create(
+        Process(
             kind="worker",
             name=f"worker-plans-{number}",
             pid=number + 1,
@@ -75,6 +77,8 @@ def fill(total: int) -> None:
             last_heartbeat_at=now,
             metadata={"queues": "*"},
         )
+        for number in range(LIVE_OWNERS)
+    )
     owners = list(Process.objects.order_by("id").values_list("id", flat=True))
     small = "ARRAY[" + ", ".join(f"'{queue}'" for queue in SMALL) + "]"
     every = "ARRAY[" + ", ".join(f"'{queue}'" for queue in (*SMALL, BIG)) + "]"
@@ -109,13 +113,13 @@ def fill(total: int) -> None:
             every,
             "mod(n, 3) - 1",
             (
-                "CASE WHEN mod(n, 50) = 0 THEN now() - interval '1 s' "
+                "CASE WHEN mod(n, 50) = 0 THEN now() - (1 + mod(n, 3600)) * interval '1 s' "
                 "ELSE now() + (1 + mod(n, 86400)) * interval '1 s' END"
             ),
             "NULL",
             "NULL",
             "'[]'",
-            "CASE WHEN mod(n, 10) = 0 THEN 'acct-' || mod(n, 2500) END",
+            "CASE WHEN mod(n, 7) = 0 THEN 'acct-' || mod(n, 2500) END",
             "NULL",
         ),
         # The backlog: one queue, the higher priorities; its rows come first in a claim on '*'.
@@ -131,7 +135,8 @@ def fill(total: int) -> None:
             "NULL",
             "CASE WHEN n <= 2000 THEN 'u-failed-' || (3 * n - 1) END",
         ),
-        # Running: half hold a concurrency key's only slot; 100 belong to a vanished process.
+        # Running: half hold a concurrency key's only slot; 100 belong to a vanished process;
+        # the others, about ten to each worker process.
         "running": (
             every,
             "0",
@@ -265,7 +270,9 @@ def summary(plan: dict) -> dict:
     }
 
 
-def measure(name: str, work: Callable[[Any], Any], rounds: int) -> list[dict]:
+def measure(
+    name: str, work: Callable[[Any], Any], rounds: int, *, clean: bool = True
+) -> list[dict]:
     """Run ``work(cursor)`` ``rounds`` times in a transaction rolled back each time; return
     per statement: its label, median time, indexes, seq scan, rows filtered."""
     from django.db import connection, transaction
@@ -279,7 +286,8 @@ def measure(name: str, work: Callable[[Any], Any], rounds: int) -> list[dict]:
                 work(cursor)
             transaction.set_rollback(True)
         per_round.append([summary(plan) for _, plan in recorder.plans])
-        vacuum()
+        if clean:
+            vacuum()
         # The same calls again, timed from Python without EXPLAIN (the round trips included).
         with transaction.atomic():
             begun = time.perf_counter()
@@ -287,7 +295,8 @@ def measure(name: str, work: Callable[[Any], Any], rounds: int) -> list[dict]:
                 work(cursor)
             walls.append((time.perf_counter() - begun) * 1000)
             transaction.set_rollback(True)
-        vacuum()
+        if clean:
+            vacuum()
     statements = per_round[0]
     rows = []
     for index, first in enumerate(statements):
@@ -378,12 +387,14 @@ def cases() -> list[tuple[str, Callable[[Any], Any]]]:
 
     def retry_dry_run(cursor):
         conditions, params = statements.selection_sql(state=None)
+        getattr(statements, "without_jit", lambda cursor: None)(cursor)  # as control does
         return statements.count_requeueable(
             cursor, status="failed", conditions=conditions, params=params
         )
 
     def retry_batch(cursor):
         conditions, params = statements.selection_sql()
+        getattr(statements, "without_jit", lambda cursor: None)(cursor)
         return statements.requeue_batch(
             cursor,
             status="failed",
@@ -491,6 +502,8 @@ def show(work: Callable[[Any], Any]) -> None:
 
 
 def print_rows(rows: list[dict]) -> None:
+    if not rows:
+        return
     width = max(len(f"{row['label']} #{row['n']}") for row in rows)
     print(f"{'statement':{width}}  server ms  wall ms  seq  filtered  indexes")
     for row in rows:
@@ -507,8 +520,11 @@ def print_rows(rows: list[dict]) -> None:
 # -- accumulate: finished rows pile up between vacuums ----------------------------------------
 
 
-def churn(count: int, batch: int = 500) -> None:
-    """Turn ``count`` jobs of the big queue over: claim, finish (committed), refill."""
+def churn(count: int, *, vacuum_as_autovacuum: bool, batch: int = 500) -> int:
+    """Turn ``count`` jobs of the big queue over: claim, finish (committed), refill. With
+    ``vacuum_as_autovacuum``, vacuum the job table whenever its dead rows pass the threshold
+    its autovacuum settings give (as the autovacuum launcher would, minus its naptime);
+    return how many times it did."""
     from django.db import connection
 
     from stalwart.db import Outcome, statements_for
@@ -517,7 +533,7 @@ def churn(count: int, batch: int = 500) -> None:
 
     statements = statements_for(connection)
     owner = Process.objects.order_by("id").values_list("id", flat=True).last()
-    done = 0
+    done, vacuums = 0, 0
     while done < count:
         with connection.cursor() as cursor:
             claimed = statements.claim(
@@ -547,13 +563,18 @@ def churn(count: int, batch: int = 500) -> None:
                 """,
                 [len(claimed)],
             )
+            if vacuum_as_autovacuum and dead_tuples()[0] > vacuum_threshold():
+                cursor.execute("VACUUM ANALYZE stalwart_job")
+                vacuums += 1
         done += len(claimed)
+    return vacuums
 
 
 def dead_tuples() -> tuple[int, Any]:
     from django.db import connection
 
     with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
         cursor.execute(
             "SELECT n_dead_tup, last_autovacuum FROM pg_stat_user_tables "
             "WHERE relname = 'stalwart_job'"
@@ -561,27 +582,54 @@ def dead_tuples() -> tuple[int, Any]:
         return cursor.fetchone()
 
 
+def vacuum_threshold() -> float:
+    """Dead rows past which autovacuum vacuums the job table: its own settings (migration
+    0001), else the server's."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT coalesce((SELECT option_value::float FROM pg_options_to_table(reloptions)
+                             WHERE option_name = 'autovacuum_vacuum_threshold'),
+                            current_setting('autovacuum_vacuum_threshold')::float)
+                 + coalesce((SELECT option_value::float FROM pg_options_to_table(reloptions)
+                             WHERE option_name = 'autovacuum_vacuum_scale_factor'),
+                            current_setting('autovacuum_vacuum_scale_factor')::float)
+                   * greatest(reltuples, 0)
+            FROM pg_class WHERE relname = 'stalwart_job'
+            """
+        )
+        return cursor.fetchone()[0]
+
+
 def accumulate(total: int, rounds: int) -> None:
+    """Measure the claims as ``total`` finished jobs pile up: without any vacuum, then with
+    a vacuum wherever the table's autovacuum settings would start one."""
     from django.db import connection
 
     chosen = [name for name, _ in cases() if name.startswith(("claim", "finish_and_claim"))]
-    for autovacuum in ("as migrated", "off"):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum')")
+        server = cursor.fetchone()[0]
+    print(
+        f"\nThe server's autovacuum is {server}; the job table's threshold is "
+        f"{vacuum_threshold():,.0f} dead rows (0001's settings at this size).",
+        flush=True,
+    )
+    for mode in ("no vacuum", "vacuum at the autovacuum threshold"):
         with connection.cursor() as cursor:
             cursor.execute("VACUUM ANALYZE stalwart_job")
-            cursor.execute(
-                "ALTER TABLE stalwart_job SET (autovacuum_enabled = %s)"
-                % ("off" if autovacuum == "off" else "on")
-            )
-        print(f"\nAccumulate {total:,} finished jobs, autovacuum {autovacuum}:", flush=True)
-        print(f"{'turned over':>11}  {'dead rows':>9}  autovacuumed  " + "  ".join(chosen))
+        print(f"\nAccumulate {total:,} finished jobs, {mode} (server ms per statement):")
+        print(f"{'turned over':>11}  {'dead rows':>9}  {'vacuums':>7}  " + "  ".join(chosen))
         step = max(total // 5, 1)
-        turned = 0
+        turned, vacuums = 0, 0
         while True:
             found = dict(cases())
-            figures = [measure(name, found[name], rounds)[0]["ms"] for name in chosen]
-            dead, last = dead_tuples()
+            # (measure() vacuums after each round to undo its own rolled-back writes; not here)
+            figures = [measure(name, found[name], rounds, clean=False)[0]["ms"] for name in chosen]
             print(
-                f"{turned:11,}  {dead:9,}  {'yes' if last else 'no ':12}  "
+                f"{turned:11,}  {dead_tuples()[0]:9,}  {vacuums:7}  "
                 + "  ".join(
                     f"{ms:{len(name)}.2f}" for ms, name in zip(figures, chosen, strict=True)
                 ),
@@ -589,10 +637,8 @@ def accumulate(total: int, rounds: int) -> None:
             )
             if turned >= total:
                 break
-            churn(step)
+            vacuums += churn(step, vacuum_as_autovacuum=mode != "no vacuum")
             turned += step
-    with connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE stalwart_job RESET (autovacuum_enabled)")
 
 
 def main() -> None:

@@ -232,7 +232,8 @@ def _requeue(
     statements = store.statements
     conditions, params = selection.sql(statements)
     if dry_run:
-        with store.connection.cursor() as cursor:
+        with transaction.atomic(using=database), store.connection.cursor() as cursor:
+            statements.without_jit(cursor)
             return statements.count_requeueable(
                 cursor, status=status, conditions=conditions, params=params
             )
@@ -242,6 +243,7 @@ def _requeue(
     last = {"id": None}
 
     def batch(cursor: Any, limit: int) -> int:
+        statements.without_jit(cursor)
         moved = statements.requeue_batch(
             cursor,
             status=status,

@@ -285,3 +285,19 @@ def test_the_latest_ticks_and_the_waiting_queues_are_loose_index_scans(big_table
     assert waiting == ["bulk", "default", "mail", "reports"]
     assert indexes(found[0]) >= {"stalwart_job_claim_queue", "stalwart_job_waiting_queue"}
     assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(found[0]))
+
+
+def test_the_job_table_is_vacuumed_after_500_changes_plus_one_percent(vendor):
+    """The autovacuum settings that keep the claim indexes' heads clean (migration 0001;
+    ``benchmarks/plans.py --accumulate`` shows their effect)."""
+    if vendor != "postgresql":
+        pytest.skip("autovacuum is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT option_name, option_value FROM pg_class, pg_options_to_table(reloptions) "
+            "WHERE relname = 'stalwart_job'"
+        )
+        options = dict(cursor.fetchall())
+    for kind in ("vacuum", "vacuum_insert", "analyze"):
+        assert options[f"autovacuum_{kind}_scale_factor"] == "0.01"
+        assert options[f"autovacuum_{kind}_threshold"] == "500"

@@ -538,6 +538,11 @@ class Statements:
         """For the rest of this transaction, give up on a lock after a moment (where the
         database can): for writes that may wait on an application's transaction."""
 
+    def without_jit(self, cursor: Any) -> None:
+        """For the rest of this transaction, run queries without compiling them (where the
+        database would): a bulk statement over thousands of rows is priced high enough to
+        be compiled, which costs more than running it."""
+
     def take_write_lock(self, cursor: Any) -> None:
         """Make the transaction a writer before it reads (SQLite: no read-then-upgrade)."""
 

@@ -558,6 +558,9 @@ class PostgreSQLStatements(Statements):
     def wait_briefly_for_locks(self, cursor: Any) -> None:
         cursor.execute("SET LOCAL lock_timeout = '50ms'")
 
+    def without_jit(self, cursor: Any) -> None:
+        cursor.execute("SET LOCAL jit = off")  # this transaction only (PgBouncer-safe)
+
     def database_now(self, cursor: Any) -> Any:
         cursor.execute("SELECT now()")
         return cursor.fetchone()[0]
