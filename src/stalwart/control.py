@@ -259,13 +259,13 @@ def _requeue(
         if queues and store.notify:
             statements.notify(cursor, queues)
         if moved:
-            last["id"] = max(_job_id(statements, job_id) for _, _, job_id in moved)
+            last["id"] = max(_job_id(job_id) for _, _, job_id in moved)
         return len(moved)
 
     return _batches(database, batch, batch_size)
 
 
-def _job_id(statements: Any, value: Any) -> Any:
+def _job_id(value: Any) -> Any:
     """A job id from a raw cursor (a UUID, or its text on SQLite)."""
     from stalwart.models import Job
 

@@ -270,10 +270,11 @@ def release_orphans(database: str) -> list[Released]:
             return released
 
     # Bounded transactions: up to ORPHAN_OWNERS_PER_TRANSACTION owners' jobs each.
-    released = []
+    released: list[Released] = []
     while True:
-        released += retry_transient(database, sweep, what="release orphaned jobs", conflicts=True)
-        if owners_done[0] < ORPHAN_OWNERS_PER_TRANSACTION:
+        batch = retry_transient(database, sweep, what="release orphaned jobs", conflicts=True)
+        released += batch
+        if owners_done[0] < ORPHAN_OWNERS_PER_TRANSACTION or not batch:
             break
     if released:
         events.emit("orphans_released", count=len(released))
