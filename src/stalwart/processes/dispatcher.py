@@ -1,4 +1,5 @@
-"""The dispatcher: makes due scheduled jobs ready in batches, and does cluster chores."""
+"""The dispatcher: makes due scheduled jobs ready in batches, and, between batches, does
+cluster chores."""
 
 import time
 
@@ -28,6 +29,10 @@ class Dispatcher(Role):
             promoted = self.step(self._dispatch)
             if promoted is FAILED:
                 continue  # the step has waited its backoff
+            # Chores are a step of their own, between promotions, never inside one; each
+            # call does a bounded part (see Chores), so a big sweep does not hold promotion up.
+            if self.step(self._chores) is FAILED:
+                continue
             if promoted >= self.dispatcher.batch_size:
                 continue  # more may be due right now
             elapsed = time.monotonic() - started
@@ -37,5 +42,7 @@ class Dispatcher(Role):
         promoted = self.store.promote_due(limit=self.dispatcher.batch_size)
         if promoted:
             events.emit("jobs_promoted", process=self.name, count=promoted)
-        self.chores.run_due(exclude=self.registration.id)
         return promoted
+
+    def _chores(self) -> None:
+        self.chores.run_due(exclude=self.registration.id)

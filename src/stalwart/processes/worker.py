@@ -231,14 +231,10 @@ class Worker(Role):
             self.pause(remaining)
 
     def _drained(self) -> bool:
-        from stalwart.models import Job
-
-        pending = Job.objects.using(self.database).filter(
-            status__in=[JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED]
-        )
+        # One index descent per queue with waiting jobs, not a scan of the waiting jobs.
         return not any(
             self.selector.serves(name) and name not in self._paused
-            for name in pending.values_list("queue_name", flat=True).distinct()
+            for name in self.store.waiting_queues()
         )
 
     def _reconcile(self) -> None:
