@@ -34,7 +34,8 @@ def check(command: Any, options: dict[str, Any]) -> int:
     config = backend.config
     command.stdout.write(
         f"OK: TASKS[{backend.alias!r}] on DATABASES[{config.database!r}] "
-        f"({len(config.workers)} worker kind(s), {len(config.recurring)} recurring task(s))."
+        f"({diagnostics.server_version(config.database)}; {len(config.workers)} worker "
+        f"kind(s), {len(config.recurring)} recurring task(s))."
     )
     return 0
 
