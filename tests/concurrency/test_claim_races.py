@@ -15,7 +15,13 @@ from stalwart import Call, enqueue_many
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
-from tests.helpers import register_processes, wait_for
+from tests.helpers import (
+    register_processes,
+    reset_lock_timeout,
+    row_locks,
+    set_lock_timeout,
+    wait_for,
+)
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,7 +79,10 @@ class ClaimThread(threading.Thread):
 def pause_trigger(vendor) -> Iterator[object]:
     """Install the pausing trigger; yield a control connection holding the pause lock."""
     if vendor != "postgresql":
-        pytest.skip("row-level races need PostgreSQL's row locks (SQLite has one writer)")
+        pytest.skip(
+            "pausing a claim mid-statement takes a PostgreSQL trigger and advisory lock "
+            "(SQLite has one writer; MySQL's claim is raced by the tests that follow)"
+        )
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -120,8 +129,7 @@ def release(control) -> None:
 
 
 def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
-    if vendor != "postgresql":
-        pytest.skip("SQLite has no row locks: a writer waits for the database lock instead")
+    row_locks(vendor, "SQLite has no row locks: a writer waits for the database lock instead")
     high = tasks.add.using(priority=10).enqueue(1, 1)
     low = tasks.add.enqueue(2, 2)
     other = connections.create_connection("default")
@@ -130,15 +138,13 @@ def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
         with other.cursor() as cursor:
             cursor.execute("SELECT id FROM stalwart_job WHERE id = %s FOR UPDATE", [high.id])
         # Had the claim waited on the lock, lock_timeout would raise instead of returning.
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")
+        set_lock_timeout(2)
         first = claim(owner=1, limit=2)
         assert [str(job.id) for job in first] == [low.id]
         other.rollback()
     finally:
         other.close()
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
+        reset_lock_timeout()
     second = claim(owner=2, limit=2)
     assert [str(job.id) for job in second] == [high.id]
     assert claim(owner=3, limit=2) == []
@@ -295,8 +301,7 @@ def test_a_reap_racing_a_claim_still_releases_what_the_claim_took(pause_trigger)
 
 
 def test_enqueueing_a_keyed_job_takes_no_lock_in_the_callers_transaction(vendor):
-    if vendor != "postgresql":
-        pytest.skip("SQLite's single writer serialises transactions anyway")
+    row_locks(vendor, "SQLite's single writer serialises transactions anyway")
     from django.db import transaction
 
     from stalwart.models import Job
@@ -317,14 +322,12 @@ def test_enqueueing_a_keyed_job_takes_no_lock_in_the_callers_transaction(vendor)
     holder.start()
     try:
         assert opened.wait(10)
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")  # waiting on the holder would raise
+        set_lock_timeout(2)  # waiting on the holder would raise
         other = tasks.one_at_a_time.enqueue("shared-key")
         # Handing out the key's slots waits for nobody either.
         assert Job.objects.get(pk=other.id).status == "ready"
     finally:
         finish.set()
         holder.join(10)
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
+        reset_lock_timeout()
     assert Job.objects.filter(concurrency_key__endswith=":shared-key").count() == 2

@@ -53,7 +53,10 @@ def locks_in_id_order(plan: list[str]) -> bool:
 @pytest.fixture
 def statements(vendor):
     if vendor != "postgresql":
-        pytest.skip("SQLite has one writer at a time: no row locks, no lock order")
+        pytest.skip(
+            "the lock order is read from PostgreSQL's plans (SQLite has one writer; MySQL's steps "
+            "lock with ORDER BY id FOR UPDATE, see stalwart.db.mysql)"
+        )
     return statements_for(connections["default"])
 
 

@@ -480,9 +480,12 @@ class MySQLStatements(Statements):
             free = stored - self.slot_holders(cursor, key=key)
             if free <= 0:
                 return 0
+            # SKIP LOCKED: a locking read would wait on a blocked job another transaction has
+            # inserted and not committed yet (PostgreSQL would not see it at all), or is moving
+            # (a release, a cancel). That job's own hand-out follows its commit.
             cursor.execute(
                 "SELECT id FROM stalwart_job WHERE status = 'blocked' AND concurrency_key = %s "
-                "ORDER BY priority DESC, available_at, id LIMIT %s FOR UPDATE",
+                "ORDER BY priority DESC, available_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
                 [key, free],
             )
             ids = self._ids(cursor.fetchall())
