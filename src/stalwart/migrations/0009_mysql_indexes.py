@@ -7,7 +7,8 @@ with the warnings models.W036/W037). So, on MySQL only:
 - each conditional index is rebuilt under its own name with the columns of its condition
   first (``status``, then what it was on), so that the claim's ``WHERE status = 'ready' AND
   queue_name = … ORDER BY priority DESC, available_at, id`` reads the head of one index range,
-  as it does on PostgreSQL's partial index, instead of filtering every finished job;
+  as it does on PostgreSQL's partial index (``isolated``, which the claim also matches on,
+  comes second), instead of filtering every finished job;
 - the unique index on waiting jobs' keys (``stalwart_job_unique_waiting``) becomes a
   generated column, ``unique_holder``: the job's unique key while it holds it (waiting, or
   running if unique while running) and NULL otherwise, with a UNIQUE index. NULLs never
@@ -22,8 +23,9 @@ from django.db import migrations
 
 # name: columns, condition first (as the conditional index's condition has it).
 INDEXES = {
-    "stalwart_job_claim_queue": "status, queue_name, priority DESC, available_at, id",
-    "stalwart_job_claim_any": "status, priority DESC, available_at, id",
+    # The claim also says which kind of job it takes (isolated or not): an equality too.
+    "stalwart_job_claim_queue": "status, isolated, queue_name, priority DESC, available_at, id",
+    "stalwart_job_claim_any": "status, isolated, priority DESC, available_at, id",
     "stalwart_job_due": "status, available_at, id",
     "stalwart_job_owner": "status, owner",
     "stalwart_job_blocked": "status, concurrency_key, priority DESC, available_at, id",

@@ -1,0 +1,121 @@
+"""MySQL and MariaDB only: what stands in for PostgreSQL's partial indexes.
+
+Migration 0009 gives MySQL a generated column, ``unique_holder``, with a UNIQUE index (the
+partial unique index on waiting jobs' keys), and indexes whose leading columns are their
+condition's. These tests hold the database itself to them: the index refuses a second
+holder of a key whatever writes it, and the claim's plan reads an index range in claim
+order, never sorting.
+"""
+
+import threading
+import uuid
+
+import pytest
+from django.db import IntegrityError, connection, connections, transaction
+
+from stalwart import Call, enqueue_many
+from stalwart.models import Job
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def mysql_only(vendor):
+    if vendor != "mysql":
+        pytest.skip("the generated column and the rebuilt indexes are MySQL's (migration 0009)")
+
+
+def insert(key: str, status: str, *, while_running: bool = False) -> uuid.UUID:
+    """A job row written as an application (or an operator) would, past Stalwart's code."""
+    job_id = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO stalwart_job (id, task_path, backend, queue_name, priority, status, "
+            "args, kwargs, available_at, enqueued_at, attempt, max_attempts, worker_ids, "
+            "errors, unique_key, unique_while_running, isolated) VALUES (%s, 't', 'default', "
+            "'default', 0, %s, '[]', '{}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 0, 5, '[]', "
+            "'[]', %s, %s, 0)",
+            [job_id, status, key, while_running],
+        )
+    return job_id
+
+
+@pytest.mark.parametrize("status", ["scheduled", "blocked", "ready"])
+def test_the_database_refuses_a_second_waiting_holder_of_a_key(status):
+    insert("k", "ready")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert("k", status)
+
+
+def test_a_key_is_free_again_once_its_job_runs_or_finishes():
+    first = insert("k", "ready")
+    Job.objects.filter(pk=first).update(status="running")
+    second = insert("k", "ready")  # the running job no longer holds the key
+    Job.objects.filter(pk=second).update(status="successful")
+    insert("k", "ready")
+    assert Job.objects.filter(unique_key="k").count() == 3
+
+
+def test_a_job_unique_while_running_holds_its_key_while_it_runs():
+    first = insert("k", "ready", while_running=True)
+    Job.objects.filter(pk=first).update(status="running")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        insert("k", "ready")
+    Job.objects.filter(pk=first).update(status="failed")
+    insert("k", "ready")
+
+
+def test_twenty_transactions_inserting_one_key_at_once_leave_one_holder():
+    barrier = threading.Barrier(20)
+    outcomes: list[str] = []
+
+    def racer() -> None:
+        try:
+            barrier.wait(10)
+            with transaction.atomic():
+                insert("raced", "ready")
+            outcomes.append("inserted")
+        except IntegrityError:
+            outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=racer) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes) == ["inserted"] + ["refused"] * 19
+    assert Job.objects.filter(unique_key="raced").count() == 1
+
+
+def plan(sql: str, params: list) -> list[dict]:
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {sql}", params)
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+@pytest.mark.parametrize(
+    ("conditions", "params", "index"),
+    [
+        ("AND queue_name = %s", ["default"], "stalwart_job_claim_queue"),
+        ("", [], "stalwart_job_claim_any"),
+    ],
+)
+def test_the_claim_reads_its_index_in_claim_order_without_sorting(conditions, params, index):
+    enqueue_many(tasks.noop, [Call() for _ in range(200)])
+    finished = list(Job.objects.values_list("pk", flat=True)[:150])
+    Job.objects.filter(pk__in=finished).update(status="successful")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE stalwart_job")
+        cursor.fetchall()
+    (row,) = plan(
+        "SELECT id FROM stalwart_job WHERE status = 'ready' AND isolated = %s "
+        f"{conditions} ORDER BY priority DESC, available_at, id LIMIT 10 "
+        "FOR UPDATE SKIP LOCKED",
+        [False, *params],
+    )
+    assert row["key"] == index, row
+    assert "filesort" not in (row["Extra"] or ""), row
