@@ -278,14 +278,15 @@ def locking_job_row(job_id: Any) -> ApplicationTransaction:
     )
 
 
-def set_lock_timeout(seconds: int) -> None:
+def set_lock_timeout(seconds: float) -> None:
     """Give up on a row lock after ``seconds`` on this thread's connection (a wait raises):
-    PostgreSQL's ``lock_timeout``, InnoDB's ``innodb_lock_wait_timeout``."""
+    PostgreSQL's ``lock_timeout``, InnoDB's ``innodb_lock_wait_timeout`` (whole seconds, 1
+    at least)."""
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [seconds])
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, round(seconds))])
         else:
-            cursor.execute(f"SET lock_timeout = '{seconds}s'")
+            cursor.execute(f"SET lock_timeout = '{round(seconds * 1000)}ms'")
 
 
 def reset_lock_timeout() -> None:

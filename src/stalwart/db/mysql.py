@@ -661,17 +661,21 @@ class MySQLStatements(Statements):
         return decode_json(row[0]) or {}
 
     def wait_briefly_for_locks(self, cursor: Any) -> None:
-        # InnoDB counts lock waits in whole seconds, and has no SET LOCAL: the next finish
-        # on this connection puts the session's value back.
-        cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
-        self.connection.stalwart_lock_wait_timeout = cursor.fetchone()[0]
+        # InnoDB counts lock waits in whole seconds, and has no SET LOCAL: the session's
+        # value is kept on the connection, and put back after the finish that follows.
+        if getattr(self.connection, "stalwart_lock_wait_timeout", None) is None:
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+            self.connection.stalwart_lock_wait_timeout = cursor.fetchone()[0]
         cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
 
     def _restore_lock_wait(self, cursor: Any) -> None:
         previous = getattr(self.connection, "stalwart_lock_wait_timeout", None)
-        if previous is not None:
-            self.connection.stalwart_lock_wait_timeout = None
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [previous])
+        # In a transaction an error has doomed, nothing more can run: the next finish on
+        # this connection puts it back (until then, its lock waits are brief).
+        if previous is None or self.connection.needs_rollback:
+            return
+        self.connection.stalwart_lock_wait_timeout = None
+        cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [previous])
 
     # -- leases, recurring ticks, counters -------------------------------------------------
 
