@@ -95,8 +95,18 @@ def where(alias: str) -> str:
     if connections[alias].vendor == "sqlite":
         return f"the SQLite file {str(name)!r}"
     host = settings_dict.get("HOST") or "the local socket"
-    port = settings_dict.get("PORT") or ("3306" if connections[alias].vendor == "mysql" else "5432")
+    if connections[alias].vendor == "mysql":
+        # (display_name asks the server whether it is MariaDB: it may be out of reach.)
+        port = settings_dict.get("PORT") or "3306"
+        return f"MySQL/MariaDB at {host}:{port}, database {name!r}"
+    port = settings_dict.get("PORT") or "5432"
     return f"{connections[alias].display_name} at {host}:{port}, database {name!r}"
+
+
+def create_command(alias: str, database: object) -> str:
+    if connections[alias].vendor == "mysql":
+        return f"CREATE DATABASE {database} CHARACTER SET utf8mb4"
+    return f"createdb {database}"
 
 
 def migrate_command(alias: str) -> str:
@@ -112,7 +122,7 @@ def advice(error: BaseException, alias: str) -> str | None:
         database = connections[alias].settings_dict.get("NAME")
         return (
             f"{name} names the database {database!r}, which does not exist on the server "
-            f"({where(alias)}). Create it (createdb {database}), then run "
+            f"({where(alias)}). Create it ({create_command(alias, database)}), then run "
             f"'{migrate_command(alias)}'."
         )
     if kind == CREDENTIALS:
