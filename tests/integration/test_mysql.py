@@ -119,3 +119,39 @@ def test_the_claim_reads_its_index_in_claim_order_without_sorting(conditions, pa
     )
     assert row["key"] == index, row
     assert "filesort" not in (row["Extra"] or ""), row
+
+
+def test_the_queues_sessions_carry_timeouts_the_applications_do_not():
+    from stalwart.db.session import bookkeeping
+
+    # MariaDB bounds every statement (seconds), MySQL its SELECTs (milliseconds).
+    timeout = "max_statement_time" if connection.mysql_is_mariadb else "max_execution_time"
+    seen: dict[str, tuple] = {}
+
+    def bookkeeping_thread() -> None:
+        try:
+            bookkeeping(
+                "default",
+                application_name="stalwart:worker:4242",
+                statement_timeout=1.25,
+                lock_timeout=0.5,
+            )
+            with connections["default"].cursor() as cursor:
+                cursor.execute(f"SELECT @@SESSION.innodb_lock_wait_timeout, @@SESSION.{timeout}")
+                seen["queue"] = cursor.fetchone()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=bookkeeping_thread)
+    thread.start()
+    thread.join(10)
+    # InnoDB counts lock waits in whole seconds: half a second is one.
+    assert seen["queue"] == (1, 1.25 if connection.mysql_is_mariadb else 1250)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT @@SESSION.innodb_lock_wait_timeout, @@SESSION.{timeout}, "
+            f"@@GLOBAL.innodb_lock_wait_timeout, @@GLOBAL.{timeout}"
+        )
+        session_wait, session_timeout, server_wait, server_timeout = cursor.fetchone()
+    # The application's session keeps the server's settings.
+    assert (session_wait, session_timeout) == (server_wait, server_timeout)
