@@ -1,4 +1,5 @@
-"""A cancel racing a claim for the same waiting job, on two real PostgreSQL connections.
+"""A cancel racing a claim for the same waiting job, on two real connections (PostgreSQL,
+MySQL/MariaDB).
 
 The pausing trigger of the claim races stops one statement between its row lock and its
 write, so the other acts at exactly that moment: whoever locked the row first wins, and the
@@ -18,6 +19,7 @@ from tests.concurrency.test_claim_races import (  # the race machinery, shared
     claim,
     pause_trigger,  # noqa: F401 - a fixture
     release,
+    session_id,
     wait_until_paused,
 )
 from tests.helpers import register_processes, wait_for
@@ -43,11 +45,7 @@ class CancelThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                self.backend_pid = cursor.fetchone()[0]
-                if self.paused:
-                    cursor.execute("SET stalwart.pause = 'on'")
+            self.backend_pid = session_id(pause=self.paused)
             self.done = stalwart.cancel(self.job_id)
         except BaseException as error:  # noqa: BLE001 - reported by result()
             self.error = error
@@ -64,6 +62,13 @@ class CancelThread(threading.Thread):
 
 def waiting_for_a_row_lock(backend_pid: int) -> bool:
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT 1 FROM information_schema.INNODB_TRX "
+                "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+                [backend_pid],
+            )
+            return cursor.fetchone() is not None
         cursor.execute(
             "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted "
             "AND locktype IN ('transactionid', 'tuple')",

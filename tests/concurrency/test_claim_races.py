@@ -1,8 +1,9 @@
 """Deterministic claim races on two (or three) real connections.
 
-On PostgreSQL, a test-only trigger pauses one claim in the middle of its statement (after it
-has locked its rows, before it has updated them) until the test lets it go, so the other
-connections act at exactly that moment.
+A test-only trigger pauses one claim in the middle (after it has locked its rows, before it
+has updated them) until the test lets it go, so the other connections act at exactly that
+moment: on PostgreSQL it waits for an advisory lock, on MySQL and MariaDB for a named lock
+(``GET_LOCK``), in a trigger before each update of a job row of the paused session.
 """
 
 import threading
@@ -55,12 +56,8 @@ class ClaimThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_backend_pid()")
-                    self.backend_pid = cursor.fetchone()[0]
-                    if self.paused:
-                        cursor.execute("SET stalwart.pause = 'on'")
+            if connection.vendor != "sqlite":
+                self.backend_pid = session_id(pause=self.paused)
             self.claimed = claim(self.owner, self.limit)
         except BaseException as error:  # noqa: BLE001 - reported by result()
             self.error = error
@@ -75,14 +72,40 @@ class ClaimThread(threading.Thread):
         return self.claimed
 
 
+def session_id(*, pause: bool) -> int:
+    """This thread's session on the server (and, with ``pause``, make its updates pause)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT CONNECTION_ID()")
+            session = cursor.fetchone()[0]
+            if pause:
+                cursor.execute("SET @stalwart_pause = 'on'")
+            return session
+        cursor.execute("SELECT pg_backend_pid()")
+        session = cursor.fetchone()[0]
+        if pause:
+            cursor.execute("SET stalwart.pause = 'on'")
+        return session
+
+
+MYSQL_PAUSE = f"""
+    CREATE TRIGGER stalwart_test_pause BEFORE UPDATE ON stalwart_job FOR EACH ROW
+    BEGIN
+        IF @stalwart_pause = 'on' THEN
+            SET @stalwart_paused = GET_LOCK('stalwart_pause_{PAUSE_LOCK}', 30);
+            SET @stalwart_paused = RELEASE_LOCK('stalwart_pause_{PAUSE_LOCK}');
+        END IF;
+    END"""
+
+
 @pytest.fixture
 def pause_trigger(vendor) -> Iterator[object]:
     """Install the pausing trigger; yield a control connection holding the pause lock."""
-    if vendor != "postgresql":
-        pytest.skip(
-            "pausing a claim mid-statement takes a PostgreSQL trigger and advisory lock "
-            "(SQLite has one writer; MySQL's claim is raced by the tests that follow)"
-        )
+    if vendor == "sqlite":
+        pytest.skip("row-level races need row locks (SQLite has one writer)")
+    if vendor == "mysql":
+        yield from mysql_pause_trigger()
+        return
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -111,13 +134,37 @@ def pause_trigger(vendor) -> Iterator[object]:
             cursor.execute("DROP FUNCTION IF EXISTS stalwart_test_pause()")
 
 
+def mysql_pause_trigger() -> Iterator[object]:
+    with connection.cursor() as cursor:
+        cursor.execute(MYSQL_PAUSE)
+    control = connections.create_connection("default")
+    with control.cursor() as cursor:
+        cursor.execute(f"SELECT GET_LOCK('stalwart_pause_{PAUSE_LOCK}', 10)")
+    try:
+        yield control
+    finally:
+        with control.cursor() as cursor:
+            cursor.execute("SELECT RELEASE_ALL_LOCKS()")
+        control.close()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS stalwart_test_pause")
+
+
 def wait_until_paused(backend_pid: int) -> None:
     def waiting() -> bool:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND NOT granted",
-                [backend_pid],
-            )
+            if connection.vendor == "mysql":
+                cursor.execute(
+                    "SELECT 1 FROM information_schema.PROCESSLIST "
+                    "WHERE id = %s AND state = 'User lock'",
+                    [backend_pid],
+                )
+            else:
+                cursor.execute(
+                    "SELECT 1 FROM pg_locks "
+                    "WHERE pid = %s AND locktype = 'advisory' AND NOT granted",
+                    [backend_pid],
+                )
             return cursor.fetchone() is not None
 
     wait_for(waiting, message="the claim to pause inside its statement")
@@ -125,7 +172,10 @@ def wait_until_paused(backend_pid: int) -> None:
 
 def release(control) -> None:
     with control.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s)", [PAUSE_LOCK])
+        if connection.vendor == "mysql":
+            cursor.execute(f"SELECT RELEASE_LOCK('stalwart_pause_{PAUSE_LOCK}')")
+        else:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [PAUSE_LOCK])
 
 
 def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):

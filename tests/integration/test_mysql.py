@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def mysql_only(vendor):
     if vendor != "mysql":
-        pytest.skip("the generated column and the rebuilt indexes are MySQL's (migration 0009)")
+        pytest.skip("MySQL's own: migration 0009's column and indexes, its session settings")
 
 
 def insert(key: str, status: str, *, while_running: bool = False) -> uuid.UUID:
