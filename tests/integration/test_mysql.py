@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
+from django.utils import timezone
 
 from stalwart import Call, enqueue_many
 from stalwart.models import Job
@@ -155,3 +156,53 @@ def test_the_queues_sessions_carry_timeouts_the_applications_do_not():
         session_wait, session_timeout, server_wait, server_timeout = cursor.fetchone()
     # The application's session keeps the server's settings.
     assert (session_wait, session_timeout) == (server_wait, server_timeout)
+
+
+def test_a_real_deadlock_is_retried_and_both_transactions_end(recorded_events):
+    """Two transactions lock two rows in opposite orders: InnoDB picks one as the victim
+    (error 1213), and retry_transient runs the victim's whole transaction again."""
+    from django.db.transaction import atomic
+
+    from stalwart.db.retry import retry_transient
+    from stalwart.models import Lease
+
+    for name in ("a", "b"):
+        Lease.objects.create(
+            name=name, holder="x", acquired_at=timezone.now(), expires_at=timezone.now()
+        )
+    barrier = threading.Barrier(2)
+    done: list[str] = []
+    errors: list[BaseException] = []
+
+    def lock_both(first: str, second: str) -> None:
+        tries = []
+
+        def transaction_of_ours() -> None:
+            tries.append(1)
+            with atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM stalwart_lease WHERE name = %s FOR UPDATE", [first])
+                if len(tries) == 1:
+                    barrier.wait(10)  # both hold their first row: each now wants the other's
+                cursor.execute("SELECT 1 FROM stalwart_lease WHERE name = %s FOR UPDATE", [second])
+
+        try:
+            retry_transient("default", transaction_of_ours, what="deadlock test")
+            done.append(first)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=lock_both, args=("a", "b")),
+        threading.Thread(target=lock_both, args=("b", "a")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert sorted(done) == ["a", "b"]
+    retries = [fields for action, fields in recorded_events if action == "database_retry"]
+    assert len(retries) == 1
+    assert "1213" in retries[0]["error"]
