@@ -54,8 +54,8 @@ def locks_in_id_order(plan: list[str]) -> bool:
 def statements(vendor):
     if vendor != "postgresql":
         pytest.skip(
-            "the lock order is read from PostgreSQL's plans (SQLite has one writer; MySQL's steps "
-            "lock with ORDER BY id FOR UPDATE, see stalwart.db.mysql)"
+            "the lock order is read from PostgreSQL's plans (SQLite has one writer; MySQL's "
+            "is read from its SQL in tests/integration/test_mysql.py)"
         )
     return statements_for(connections["default"])
 

@@ -206,3 +206,64 @@ def test_a_real_deadlock_is_retried_and_both_transactions_end(recorded_events):
     retries = [fields for action, fields in recorded_events if action == "database_retry"]
     assert len(retries) == 1
     assert "1213" in retries[0]["error"]
+
+
+def _outcomes() -> list:
+    from stalwart.db import Outcome
+
+    return [Outcome(id=uuid.uuid4(), attempt=1, status="successful") for _ in range(10)]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param(lambda s, c: s.finish(c, owner=1, outcomes=_outcomes()), id="finish"),
+        pytest.param(
+            lambda s, c: s.release_rows(c, owner=1, jobs=[(uuid.uuid4(), 1)]), id="release"
+        ),
+        pytest.param(
+            lambda s, c: s.release_owner_rows(c, owner=1, error_class="x", error_text="y"),
+            id="release_owner",
+        ),
+        pytest.param(
+            lambda s, c: s.delete_batch(
+                c, statuses=["failed"], conditions="", params=[], limit=1000, older_than=60
+            ),
+            id="retention",
+        ),
+        pytest.param(
+            lambda s, c: s.requeue_batch(
+                c, status="failed", conditions="", params=[], limit=1000, grant_attempt=True
+            ),
+            id="retry",
+        ),
+        pytest.param(
+            lambda s, c: s.cancel_batch(c, conditions="", params=[], limit=1000), id="cancel"
+        ),
+    ],
+)
+def test_steps_that_wait_for_row_locks_take_them_in_id_order(step):
+    """What PostgreSQL's plans show there (tests/concurrency/test_lock_order.py), the SQL
+    shows here: every locking read that may wait sorts on id, so two writers never lock two
+    rows in opposite orders."""
+    import re
+
+    from django.test.utils import CaptureQueriesContext
+
+    from stalwart.db import statements_for
+
+    statements = statements_for(connection)
+    with (
+        CaptureQueriesContext(connection) as captured,
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        step(statements, cursor)
+    locking = [
+        " ".join(query["sql"].split())
+        for query in captured.captured_queries
+        if "FOR UPDATE" in query["sql"] and "FROM stalwart_job" in query["sql"]
+    ]
+    assert locking, "no locking read of jobs"
+    for sql in locking:
+        assert re.search(r"ORDER BY id (LIMIT \d+ )?FOR UPDATE$", sql), sql
