@@ -3,8 +3,8 @@
     python benchmarks/bench.py [--jobs 10000] [--threads 10]
 
 Uses PostgreSQL (database ``stalwart_bench``, created and migrated here) unless
-``STALWART_BENCH_DATABASE=sqlite``. Figures are printed, never asserted: speed is a
-measurement, not a test.
+``STALWART_BENCH_DATABASE=sqlite`` or ``STALWART_BENCH_DATABASE=mysql`` (MariaDB/MySQL).
+Figures are printed, never asserted: speed is a measurement, not a test.
 """
 
 import argparse
@@ -42,6 +42,19 @@ def prepare_database() -> None:
             ).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
+    elif db["ENGINE"].endswith("mysql"):
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=db["HOST"], port=int(db["PORT"]), user=db["USER"], password=db["PASSWORD"]
+        )
+        try:
+            conn.cursor().execute(
+                f"CREATE DATABASE IF NOT EXISTS `{db['NAME']}` "
+                "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+            )
+        finally:
+            conn.close()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)

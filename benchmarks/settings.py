@@ -1,4 +1,6 @@
-"""Settings for the benchmark: PostgreSQL by default (``STALWART_BENCH_DATABASE=sqlite`` too)."""
+"""Settings for the benchmark: PostgreSQL by default (``STALWART_BENCH_DATABASE=sqlite`` or
+``mysql`` too: MariaDB/MySQL at MYSQL_HOST, MYSQL_PORT as MYSQL_USER, default 127.0.0.1:3306,
+root)."""
 
 import os
 import tempfile
@@ -20,6 +22,19 @@ if os.environ.get("STALWART_BENCH_DATABASE", "postgresql") == "postgresql":
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
         }
     }
+elif os.environ["STALWART_BENCH_DATABASE"] == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("STALWART_BENCH_DB_NAME", "stalwart_bench"),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+        }
+    }
+    SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037"]  # see docs/how-to/use-mysql.md
 else:
     DATABASES = {
         "default": {

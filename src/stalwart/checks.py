@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")
 
 # Why USE_TZ = False is refused, for the system check and for the commands that run processes.
 USE_TZ_REQUIRED = (
@@ -148,10 +148,30 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
                     id="stalwart.W001",
                 )
             )
+    messages.extend(check_isolation(config.database, connection))
     messages.extend(check_pool(backend, connection))
     messages.extend(check_pooler(backend, connection))
     messages.extend(check_recurring(backend))
     return messages
+
+
+def check_isolation(alias: str, connection: Any) -> list[checks.CheckMessage]:
+    """MySQL/MariaDB at an isolation level other than READ COMMITTED (Django's default)."""
+    if connection.vendor != "mysql":
+        return []
+    level = (connection.settings_dict.get("OPTIONS") or {}).get("isolation_level")
+    if level is None or str(level).lower() == "read committed":
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{alias!r}] is MySQL/MariaDB with OPTIONS['isolation_level'] = "
+            f"{level!r}, not 'read committed'.",
+            hint="Above READ COMMITTED, InnoDB's locking reads also lock the gaps between "
+            "index entries: claims and enqueues wait on each other, and deadlock more. "
+            "Remove the option (Django's default is 'read committed').",
+            id="stalwart.W006",
+        )
+    ]
 
 
 def pool_size(pool: Any) -> int:

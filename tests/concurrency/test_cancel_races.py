@@ -1,4 +1,5 @@
-"""A cancel racing a claim for the same waiting job, on two real PostgreSQL connections.
+"""A cancel racing a claim for the same waiting job, on two real connections (PostgreSQL,
+MySQL/MariaDB).
 
 The pausing trigger of the claim races stops one statement between its row lock and its
 write, so the other acts at exactly that moment: whoever locked the row first wins, and the
@@ -62,6 +63,13 @@ class CancelThread(threading.Thread):
 
 def waiting_for_a_row_lock(backend_pid: int) -> bool:
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT 1 FROM information_schema.INNODB_TRX "
+                "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+                [backend_pid],
+            )
+            return cursor.fetchone() is not None
         cursor.execute(
             "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted "
             "AND locktype IN ('transactionid', 'tuple')",

@@ -8,7 +8,7 @@ from django.core import checks
 from django.db import connections
 from django.test import override_settings
 
-from stalwart.checks import check_pool, check_pooler
+from stalwart.checks import check_isolation, check_pool, check_pooler
 
 pytestmark = pytest.mark.django_db  # Django's model checks ask the database what it supports
 
@@ -67,6 +67,25 @@ def test_a_connection_pool_large_enough_passes(backend, pool):
 def test_without_a_pool_there_is_nothing_to_check(backend):
     assert check_pool(backend, pooled(None)) == []
     assert check_pool(backend, pooled(True, vendor="sqlite")) == []
+
+
+def mysql_at(level: object) -> SimpleNamespace:
+    """A stand-in for a MySQL connection whose DATABASES entry sets this isolation level."""
+    options = {} if level is None else {"isolation_level": level}
+    return SimpleNamespace(vendor="mysql", settings_dict={"OPTIONS": options})
+
+
+def test_mysql_above_read_committed_is_a_warning():
+    (warning,) = check_isolation("default", mysql_at("repeatable read"))
+    assert warning.id == "stalwart.W006"
+    assert warning.level == checks.WARNING
+    assert "'repeatable read', not 'read committed'" in warning.msg
+    assert "gaps" in warning.hint
+
+
+@pytest.mark.parametrize("level", [None, "read committed", "READ COMMITTED"])
+def test_mysql_at_read_committed_passes(level):
+    assert check_isolation("default", mysql_at(level)) == []
 
 
 def with_tasks_entry(**entry: object) -> dict:

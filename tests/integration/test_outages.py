@@ -27,7 +27,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def postgresql(vendor):
     if vendor != "postgresql":
-        pytest.skip("terminating a session, and row locks, are PostgreSQL's (SQLite is a file)")
+        pytest.skip(
+            "sessions are found by application_name, tables locked by LOCK TABLE: "
+            "PostgreSQL's (SQLite is a file; MySQL's session bounds: test_mysql.py)"
+        )
 
 
 def every_second(backend):

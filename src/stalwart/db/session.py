@@ -20,6 +20,11 @@ are not sent at all, and ``application_name`` (which PgBouncer passes on) and th
 parameter gets a connection without the timeouts (and one ``session_options_refused``
 event).
 
+On MySQL and MariaDB, which have no startup parameters for them, the same bounds are set on
+each new session right after it connects: ``innodb_lock_wait_timeout`` (whole seconds, 1 at
+least) for the lock timeout, and MariaDB's ``max_statement_time`` (every statement) or
+MySQL's ``max_execution_time`` (SELECTs only) for the statement timeout.
+
 Job threads are left alone: their connections belong to the application's code. They alone
 use Django's connection pool, if ``OPTIONS["pool"]`` sets one up.
 """
@@ -72,6 +77,15 @@ def bookkeeping(
             _with_timeouts(connection, statement_timeout, lock_timeout)
         if connection.connection is not None:
             connection.close()  # the next statement opens a session with these parameters
+    elif connection.vendor == "mysql":
+        options = dict(connection.settings_dict.get("OPTIONS") or {})
+        options.setdefault(
+            "connect_timeout", max(2, connect_timeout or math.ceil(statement_timeout))
+        )
+        connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+        _bounded_mysql_sessions(connection, statement_timeout, lock_timeout)
+        if connection.connection is not None:
+            connection.close()  # the next statement opens a session with these bounds
     if on_statement is not None:
         connection.execute_wrappers.append(_calling_after(on_statement))
 
@@ -85,6 +99,29 @@ def _with_timeouts(connection: Any, statement_timeout: float, lock_timeout: floa
     )
     options["options"] = f"{options['options']} {server}" if options.get("options") else server
     _without_refused_options(connection)
+
+
+def _bounded_mysql_sessions(connection: Any, statement_timeout: float, lock_timeout: float) -> None:
+    """Set the timeouts on each new MySQL/MariaDB session of this thread, as it connects."""
+    connect = connection.get_new_connection
+
+    def get_new_connection(conn_params: dict) -> Any:
+        raw = connect(conn_params)
+        if "mariadb" in raw.get_server_info().lower():
+            statement = f"max_statement_time = {statement_timeout:.3f}"
+        else:
+            statement = f"max_execution_time = {max(1, round(statement_timeout * 1000))}"
+        cursor = raw.cursor()
+        try:
+            cursor.execute(
+                f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(lock_timeout))}, "
+                f"SESSION {statement}"
+            )
+        finally:
+            cursor.close()
+        return raw
+
+    connection.get_new_connection = get_new_connection
 
 
 def _milliseconds(seconds: float) -> str:
