@@ -4,8 +4,9 @@ each beside a reference measured in the same run, and the ratio.
     python benchmarks/bench.py [--jobs 10000] [--threads 10]
 
 Uses PostgreSQL (database ``stalwart_bench``, created and migrated here) unless
-``STALWART_BENCH_DATABASE=sqlite`` (then without the references that need PostgreSQL).
-Figures are printed, never asserted: speed is a measurement, not a test.
+``STALWART_BENCH_DATABASE=sqlite`` or ``STALWART_BENCH_DATABASE=mysql`` (MariaDB/MySQL),
+then without the references and steps that need PostgreSQL. Figures are printed, never
+asserted: speed is a measurement, not a test.
 
 The references: a bare Django ``Model.objects.create()`` of a row shaped like a job's, for a
 single enqueue; PostgreSQL's ``COPY`` of the rows ``enqueue_many()`` writes, for a bulk
@@ -43,6 +44,19 @@ def prepare_database() -> None:
             ).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
+    elif db["ENGINE"].endswith("mysql"):
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=db["HOST"], port=int(db["PORT"]), user=db["USER"], password=db["PASSWORD"]
+        )
+        try:
+            conn.cursor().execute(
+                f"CREATE DATABASE IF NOT EXISTS `{db['NAME']}` "
+                "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+            )
+        finally:
+            conn.close()
     from django.core.management import call_command
 
     # run_syncdb: the benchmark's own tables (benchmarks.models has no migrations).

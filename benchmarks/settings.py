@@ -1,4 +1,6 @@
-"""Settings for the benchmark: PostgreSQL by default (``STALWART_BENCH_DATABASE=sqlite`` too)."""
+"""Settings for the benchmark: PostgreSQL by default (``STALWART_BENCH_DATABASE=sqlite`` or
+``mysql`` too: MariaDB/MySQL at MYSQL_HOST, MYSQL_PORT as MYSQL_USER, default 127.0.0.1:3306,
+root)."""
 
 import os
 import tempfile
@@ -21,6 +23,19 @@ if os.environ.get("STALWART_BENCH_DATABASE", "postgresql") == "postgresql":
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
         }
     }
+elif os.environ["STALWART_BENCH_DATABASE"] == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("STALWART_BENCH_DB_NAME", "stalwart_bench"),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+        }
+    }
+    SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037"]  # see docs/how-to/use-mysql.md
 else:
     DATABASES = {
         "default": {
@@ -50,6 +65,17 @@ TASKS = {
         },
     }
 }
+if os.environ.get("STALWART_PGBOUNCER_PORT"):
+    # Through PgBouncer in transaction mode on this port (python -m tests.pgbouncer sets it),
+    # with LISTEN on a direct connection; STALWART_BENCH_LISTEN=poll: without one, polling.
+    DATABASES["direct"] = dict(DATABASES["default"])
+    DATABASES["default"].update(
+        PORT=os.environ["STALWART_PGBOUNCER_PORT"], DISABLE_SERVER_SIDE_CURSORS=True
+    )
+    TASKS["default"]["OPTIONS"]["transaction_pooler"] = True
+    TASKS["default"]["OPTIONS"]["listen_database"] = (
+        None if os.environ.get("STALWART_BENCH_LISTEN") == "poll" else "direct"
+    )
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -32,3 +32,20 @@ def recorded_events():
     events.subscribe(record)
     yield seen
     events.unsubscribe(record)
+
+
+if os.environ.get("STALWART_TEST_DATABASE") == "postgresql-pgbouncer":
+
+    @pytest.fixture(scope="session")
+    def django_db_setup(django_db_setup, django_db_blocker):
+        """Through PgBouncer, the test database is dropped while PgBouncer still holds idle
+        server connections to it: end them first, on PostgreSQL itself (``direct``)."""
+        yield
+        from django.db import connections
+
+        with django_db_blocker.unblock(), connections["direct"].cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        connections["direct"].close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from django.db import connection, connections
 from django.tasks import task_backends
 
@@ -22,6 +23,19 @@ from stalwart.processes.worker import Worker
 from stalwart.queues import QueueSelector
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Through PgBouncer (STALWART_TEST_DATABASE=postgresql-pgbouncer), "default" is a pooled
+# connection: what a test needs a session for (a lock held across statements) goes to
+# "direct", PostgreSQL itself.
+PGBOUNCER = os.environ.get("STALWART_TEST_DATABASE") == "postgresql-pgbouncer"
+SESSION_DATABASE = "direct" if PGBOUNCER else "default"
+DATABASES = sorted({"default", SESSION_DATABASE})  # for django_db(databases=...)
+# Why a test of the queue's lock_timeout and statement_timeout does not run through PgBouncer.
+WITHOUT_TIMEOUTS = (
+    "behind a pooler in transaction mode the queue's sessions carry no lock_timeout or "
+    "statement_timeout (PgBouncer refuses them; docs/how-to/use-pgbouncer.md): a lock held "
+    "by the application is waited for, not given up on"
+)
 
 
 def wait_for(condition: Callable[[], Any], *, timeout: float = 10.0, message: str = "") -> Any:
@@ -275,3 +289,28 @@ def locking_job_row(job_id: Any) -> ApplicationTransaction:
     return ApplicationTransaction(
         ("SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [str(job_id)])
     )
+
+
+def set_lock_timeout(seconds: float) -> None:
+    """Give up on a row lock after ``seconds`` on this thread's connection (a wait raises):
+    PostgreSQL's ``lock_timeout``, InnoDB's ``innodb_lock_wait_timeout`` (whole seconds, 1
+    at least)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, round(seconds))])
+        else:
+            cursor.execute(f"SET lock_timeout = '{round(seconds * 1000)}ms'")
+
+
+def reset_lock_timeout() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+        else:
+            cursor.execute("RESET lock_timeout")
+
+
+def row_locks(vendor: str, reason: str) -> None:
+    """Skip unless the database has row locks (PostgreSQL, MySQL/MariaDB's InnoDB)."""
+    if vendor not in ("postgresql", "mysql"):
+        pytest.skip(reason)

@@ -3,6 +3,12 @@
 - ``sqlite`` (default): a file in the temporary directory, shared with forked workers.
 - ``postgresql``: the server named by the usual libpq variables (PGHOST, PGPORT, PGUSER,
   PGPASSWORD), default 127.0.0.1:5432 as ``postgres``.
+- ``postgresql-pgbouncer``: the same server through PgBouncer in transaction mode, on
+  127.0.0.1:``STALWART_PGBOUNCER_PORT`` (``python -m tests.pgbouncer COMMAND`` starts one and
+  sets it), with ``transaction_pooler`` and LISTEN on the alias ``direct`` (PostgreSQL itself);
+  ``STALWART_LISTEN_DATABASE=""``: no ``listen_database``, so workers poll.
+- ``mysql``: MySQL 8.0+ or MariaDB 10.6+ named by MYSQL_HOST, MYSQL_PORT, MYSQL_USER,
+  MYSQL_PASSWORD, default 127.0.0.1:3306 as ``root`` (docs/how-to/use-mysql.md).
 
 Processes the tests start get ``STALWART_DB_NAME``: the test database itself.
 ``STALWART_QUEUE_DATABASE`` (a path) puts the queue in a SQLite database of its own.
@@ -60,7 +66,7 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test logins
 
-if VENDOR == "postgresql":
+if VENDOR in ("postgresql", "postgresql-pgbouncer"):
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
@@ -76,6 +82,12 @@ if VENDOR == "postgresql":
     if os.environ.get("STALWART_TEST_POOL") == "true":
         # Django's connection pool (psycopg_pool): each process must build its own.
         DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": 12, "timeout": 10}}
+    if VENDOR == "postgresql-pgbouncer":
+        # The test database is created and dropped through PgBouncer too (its wildcard entry).
+        DATABASES["direct"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+        DATABASES["default"].update(
+            PORT=os.environ["STALWART_PGBOUNCER_PORT"], DISABLE_SERVER_SIDE_CURSORS=True
+        )
 elif VENDOR == "sqlite":
     _sqlite_file = str(Path(tempfile.gettempdir()) / f"stalwart-tests-{RUN}.sqlite3")
     DATABASES = {
@@ -90,8 +102,35 @@ elif VENDOR == "sqlite":
             "TEST": {"NAME": _sqlite_file},
         }
     }
+elif VENDOR == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": DB_NAME_OVERRIDE or "stalwart",
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "CONN_HEALTH_CHECKS": True,
+            # READ COMMITTED on purpose (Django's default too): under REPEATABLE READ a
+            # locking read takes gap locks, so claims and enqueues would block one another
+            # on the claim index's gaps. utf8mb4: all of Unicode.
+            "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+            # A binary collation: queue names and keys compare as on PostgreSQL and SQLite.
+            "TEST": {
+                "NAME": f"test_stalwart_{RUN}",
+                "CHARSET": "utf8mb4",
+                "COLLATION": "utf8mb4_bin",
+            },
+        }
+    }
+    # Django cannot build partial indexes on MySQL; migration 0010 gives it the equivalents.
+    SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037"]
 else:
-    raise RuntimeError(f"STALWART_TEST_DATABASE must be sqlite or postgresql, not {VENDOR!r}")
+    raise RuntimeError(
+        "STALWART_TEST_DATABASE must be sqlite, postgresql, postgresql-pgbouncer or mysql, "
+        f"not {VENDOR!r}"
+    )
 
 TASKS = {
     "default": {
@@ -116,6 +155,12 @@ TASKS = {
     },
     "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend", "QUEUES": []},
 }
+
+if VENDOR == "postgresql-pgbouncer":
+    TASKS["default"]["OPTIONS"]["transaction_pooler"] = True
+    TASKS["default"]["OPTIONS"]["listen_database"] = (
+        os.environ.get("STALWART_LISTEN_DATABASE", "direct") or None
+    )
 
 if os.environ.get("STALWART_QUEUE_DATABASE"):
     # The queue in a database of its own (a SQLite file at this path), as OPTIONS["database"]

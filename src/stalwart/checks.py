@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
-SUPPORTED_VENDORS = ("postgresql", "sqlite")
+SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")
 
 # Why USE_TZ = False is refused, for the system check and for the commands that run processes.
 USE_TZ_REQUIRED = (
@@ -148,9 +148,30 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
                     id="stalwart.W001",
                 )
             )
+    messages.extend(check_isolation(config.database, connection))
     messages.extend(check_pool(backend, connection))
+    messages.extend(check_pooler(backend, connection))
     messages.extend(check_recurring(backend))
     return messages
+
+
+def check_isolation(alias: str, connection: Any) -> list[checks.CheckMessage]:
+    """MySQL/MariaDB at an isolation level other than READ COMMITTED (Django's default)."""
+    if connection.vendor != "mysql":
+        return []
+    level = (connection.settings_dict.get("OPTIONS") or {}).get("isolation_level")
+    if level is None or str(level).lower() == "read committed":
+        return []
+    return [
+        checks.Warning(
+            f"DATABASES[{alias!r}] is MySQL/MariaDB with OPTIONS['isolation_level'] = "
+            f"{level!r}, not 'read committed'.",
+            hint="Above READ COMMITTED, InnoDB's locking reads also lock the gaps between "
+            "index entries: claims and enqueues wait on each other, and deadlock more. "
+            "Remove the option (Django's default is 'read committed').",
+            id="stalwart.W006",
+        )
+    ]
 
 
 def pool_size(pool: Any) -> int:
@@ -187,6 +208,87 @@ def check_pool(backend: Any, connection: Any) -> list[checks.CheckMessage]:
             id="stalwart.W005",
         )
     ]
+
+
+def check_pooler(backend: Any, connection: Any) -> list[checks.CheckMessage]:
+    """Settings that cannot work behind a pooler in transaction mode (``transaction_pooler``),
+    and a ``listen_database`` that would hear no notification."""
+    from django.db import connections
+
+    config = backend.config
+    options = f"TASKS[{backend.alias!r}]['OPTIONS']"
+    messages: list[checks.CheckMessage] = []
+    if config.listen_database is not None and connection.vendor == "postgresql":
+        alias = config.listen_database
+        if alias not in settings.DATABASES:
+            return [
+                checks.Error(
+                    f"{options}['listen_database'] is {alias!r}, which is not in DATABASES.",
+                    id="stalwart.E010",
+                )
+            ]
+        listening = connections[alias]
+        if listening.vendor != "postgresql" or (
+            listening.settings_dict.get("NAME") != connection.settings_dict.get("NAME")
+        ):
+            messages.append(
+                checks.Error(
+                    f"{options}['listen_database'] is {alias!r}, which is not the database "
+                    f"of DATABASES[{config.database!r}]: workers listening there would hear "
+                    "no notification (NOTIFY reaches the sessions of its own database only).",
+                    hint="Point it at the same PostgreSQL database, with a direct connection "
+                    "(past the pooler).",
+                    id="stalwart.E011",
+                )
+            )
+        elif config.transaction_pooler and _same_server(listening, connection):
+            messages.append(
+                checks.Error(
+                    f"{options}['listen_database'] is {alias!r}, which reaches PostgreSQL "
+                    f"where DATABASES[{config.database!r}] does, through the pooler: a LISTEN "
+                    "there is lost when the pooler hands the server connection to another "
+                    "client, and workers would fall back to polling.",
+                    hint="Give it PostgreSQL's own HOST and PORT, not the pooler's.",
+                    id="stalwart.E012",
+                )
+            )
+    if not config.transaction_pooler or connection.vendor != "postgresql":
+        return messages
+    database = f"DATABASES[{config.database!r}]"
+    if (connection.settings_dict.get("OPTIONS") or {}).get("prepare_threshold") is not None:
+        messages.append(
+            checks.Warning(
+                f"{database}['OPTIONS']['prepare_threshold'] is set, and {options}"
+                "['transaction_pooler'] says the database is reached through a pooler in "
+                "transaction mode: psycopg's server-side prepared statements live on one "
+                "server connection, and the next transaction may get another ('prepared "
+                "statement ... does not exist').",
+                hint="Remove it (Django's default, None, prepares nothing), or make sure the "
+                "pooler carries prepared statements (PgBouncer 1.21 or later with "
+                "max_prepared_statements set; Debian 12's 1.18 cannot).",
+                id="stalwart.W010",
+            )
+        )
+    if not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        messages.append(
+            checks.Warning(
+                f"{database}['DISABLE_SERVER_SIDE_CURSORS'] is not True, and {options}"
+                "['transaction_pooler'] says the database is reached through a pooler in "
+                "transaction mode: QuerySet.iterator() in your tasks would open server-side "
+                "cursors, which do not survive the pooler.",
+                hint=f"Set {database}['DISABLE_SERVER_SIDE_CURSORS'] = True, as Django's "
+                "documentation asks for transaction pooling.",
+                id="stalwart.W011",
+            )
+        )
+    return messages
+
+
+def _same_server(one: Any, other: Any) -> bool:
+    return all(
+        (one.settings_dict.get(key) or "") == (other.settings_dict.get(key) or "")
+        for key in ("HOST", "PORT")
+    )
 
 
 def check_recurring(backend: Any) -> list[checks.CheckMessage]:

@@ -71,7 +71,11 @@ class Options:
     shutdown_timeout: float = 30.0
     max_arguments_size: int = MIB
     max_attempts: int = 5
-    listen_notify: bool = True
+    listen_notify: bool = True  # False when behind a pooler with no listen_database
+    # The database is reached through a pooler in transaction mode (PgBouncer): no session
+    # state on its connections; LISTEN only on listen_database, a direct connection.
+    transaction_pooler: bool = False
+    listen_database: str | None = None
     # Finished jobs are deleted this long after they finish (None: kept for ever).
     keep_successful: timedelta | None = timedelta(days=1)
     keep_failed: timedelta | None = timedelta(days=7)
@@ -245,6 +249,29 @@ def _read_timeouts(reader: "_Reader", threshold: float) -> tuple[float, float]:
     return statement, lock
 
 
+def _read_wakeups(reader: "_Reader") -> dict[str, Any]:
+    """``listen_notify``, ``transaction_pooler`` and ``listen_database``. Behind a pooler in
+    transaction mode, LISTEN works only on a direct connection (``listen_database``); without
+    one, nobody could hear a notification: none is sent, and workers poll."""
+    listen_notify = reader.choice(
+        "listen_notify", True, lambda v: isinstance(v, bool), "True or False"
+    )
+    pooler = reader.choice(
+        "transaction_pooler", False, lambda v: isinstance(v, bool), "True or False"
+    )
+    listen_database = reader.choice(
+        "listen_database",
+        None,
+        lambda v: v is None or (isinstance(v, str) and v),
+        "a database alias or None",
+    )
+    return {
+        "listen_notify": listen_notify and (not pooler or listen_database is not None),
+        "transaction_pooler": pooler,
+        "listen_database": listen_database,
+    }
+
+
 def _read_task_modules(reader: "_Reader") -> tuple[str, ...]:
     values = reader.get("task_modules", [])
     where = reader.name("task_modules")
@@ -316,9 +343,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         shutdown_timeout=reader.number("shutdown_timeout", 30.0, minimum=0, maximum=86400),
         max_arguments_size=reader.whole("max_arguments_size", MIB, minimum=64, maximum=256 * MIB),
         max_attempts=reader.whole("max_attempts", 5, minimum=1, maximum=1000),
-        listen_notify=reader.choice(
-            "listen_notify", True, lambda v: isinstance(v, bool), "True or False"
-        ),
+        **_read_wakeups(reader),
         keep_successful=_read_retention(reader, "successful", timedelta(days=1)),
         keep_failed=_read_retention(reader, "failed", timedelta(days=7)),
         keep_cancelled=_read_retention(reader, "cancelled", timedelta(days=7)),

@@ -232,12 +232,18 @@ def _requeue(
     statements = store.statements
     conditions, params = selection.sql(statements)
     if dry_run:
-        with store.connection.cursor() as cursor:
+        with transaction.atomic(using=database), store.connection.cursor() as cursor:
+            statements.without_jit(cursor)
             return statements.count_requeueable(
                 cursor, status=status, conditions=conditions, params=params
             )
 
+    # Each batch goes on after the last id the one before moved (a keyset), so the jobs a
+    # batch leaves behind (a twin waits with their unique key) are not read again and again.
+    last = {"id": None}
+
     def batch(cursor: Any, limit: int) -> int:
+        statements.without_jit(cursor)
         moved = statements.requeue_batch(
             cursor,
             status=status,
@@ -245,15 +251,25 @@ def _requeue(
             params=params,
             limit=limit,
             grant_attempt=grant_attempt,
+            after=last["id"],
         )
-        for key in sorted({key for _, key in moved if key is not None}):
+        for key in sorted({key for _, key, _ in moved if key is not None}):
             statements.unblock(cursor, key=key, notify=store.notify)
-        queues = sorted({queue for queue, key in moved if key is None})
+        queues = sorted({queue for queue, key, _ in moved if key is None})
         if queues and store.notify:
             statements.notify(cursor, queues)
+        if moved:
+            last["id"] = max(_job_id(job_id) for _, _, job_id in moved)
         return len(moved)
 
     return _batches(database, batch, batch_size)
+
+
+def _job_id(value: Any) -> Any:
+    """A job id from a raw cursor (a UUID, or its text on SQLite)."""
+    from stalwart.models import Job
+
+    return Job._meta.pk.to_python(value) if not hasattr(value, "hex") else value
 
 
 def retry_failed(

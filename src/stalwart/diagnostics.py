@@ -16,6 +16,24 @@ from stalwart.ticks import check_entry
 
 MIN_POSTGRESQL = (12, 0)  # MATERIALIZED common table expressions
 MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
+MIN_MYSQL = (8, 0)  # FOR UPDATE SKIP LOCKED
+MIN_MARIADB = (10, 6)  # FOR UPDATE SKIP LOCKED
+
+
+def server_version(alias: str) -> str:
+    """The database server and its version, as ``queue check`` reports it."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        major, minor = divmod(connection.pg_version, 10000)
+        return f"PostgreSQL {major}.{minor}"
+    if connection.vendor == "mysql":
+        name = "MariaDB" if connection.mysql_is_mariadb else "MySQL"
+        return f"{name} {'.'.join(map(str, connection.mysql_version))}"
+    if connection.vendor == "sqlite":
+        import sqlite3
+
+        return f"SQLite {sqlite3.sqlite_version}"
+    return connection.display_name
 
 
 def database_problems(alias: str) -> list[str]:
@@ -42,8 +60,20 @@ def database_problems(alias: str) -> list[str]:
                 f"{where} is SQLite {sqlite3.sqlite_version}; Stalwart needs 3.35 or newer "
                 "(for UPDATE ... RETURNING)."
             )
+    elif connection.vendor == "mysql":
+        mariadb = connection.mysql_is_mariadb
+        needed = MIN_MARIADB if mariadb else MIN_MYSQL
+        if connection.mysql_version[:2] < needed:
+            problems.append(
+                f"{where} is {server_version(alias)}; Stalwart needs "
+                f"{'MariaDB 10.6' if mariadb else 'MySQL 8.0'} or newer "
+                "(for FOR UPDATE SKIP LOCKED)."
+            )
     else:
-        problems.append(f"{where} is {connection.vendor}; Stalwart supports PostgreSQL and SQLite.")
+        problems.append(
+            f"{where} is {connection.vendor}; Stalwart supports PostgreSQL, MySQL, MariaDB "
+            "and SQLite."
+        )
         return problems
     executor = MigrationExecutor(connection)
     targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "stalwart"]

@@ -6,9 +6,9 @@ from a row count and writes nothing.
 """
 
 from datetime import datetime
+from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Max
 from django.tasks import Task, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTask
 
@@ -23,13 +23,20 @@ from stalwart.serialization import encode_arguments, normalize_arguments
 
 
 def last_runs(database: str) -> dict[str, datetime]:
-    """The latest tick enqueued for each recurring key."""
-    return dict(
-        RecurringRun.objects.using(database)
-        .values("key")
-        .annotate(latest=Max("run_at"))
-        .values_list("key", "latest")
-    )
+    """The latest tick enqueued for each recurring key (one index descent per key)."""
+    connection = connections[database]
+    statements = statements_for(connection)
+    with connection.cursor() as cursor:
+        rows = statements.last_ticks(cursor)
+    convert = RecurringRun._meta.get_field("run_at")
+    return {key: _datetime(connection, convert, value) for key, value in rows}
+
+
+def _datetime(connection: Any, field: Any, value: Any) -> datetime:
+    """A raw cursor's timestamp as the ORM would return it."""
+    for converter in connection.ops.get_db_converters(field.get_col(RecurringRun._meta.db_table)):
+        value = converter(value, field, connection)
+    return value
 
 
 def database_now(database: str) -> datetime:

@@ -7,7 +7,7 @@ PostgreSQL only: SQLite lives on one host, whose clock is the database's.
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,7 @@ def libfaketime() -> str | None:
 def skewed(vendor):
     """The environment of a process whose clock is ``offset`` off (its monotonic clock is
     not: only the time of day is wrong, as on a host whose clock is)."""
-    if vendor != "postgresql":
+    if vendor == "sqlite":
         pytest.skip("SQLite's clock is its host's: there is no other clock to disagree with")
     library = libfaketime()
     if library is None:
@@ -55,6 +55,9 @@ def skewed(vendor):
 
 def database_now():
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            return cursor.fetchone()[0].replace(tzinfo=UTC)
         cursor.execute("SELECT now()")
         return cursor.fetchone()[0]
 

@@ -127,15 +127,22 @@ def test_pausing_a_queue_nothing_uses_warns_that_it_may_be_misspelt():
 
 
 def test_a_missing_database_is_named_as_such_and_not_retried(vendor):
-    if vendor != "postgresql":
+    if vendor == "sqlite":
         pytest.skip("SQLite creates a missing database file")
     child = run("queue", "retry", "--all", STALWART_DB_NAME="stalwart_no_such_database")
     assert child.process.returncode == 1
+    server, create = {
+        "postgresql": ("PostgreSQL at 127.0.0.1:5432", "createdb stalwart_no_such_database"),
+        "mysql": (
+            "MySQL/MariaDB at 127.0.0.1:3306",
+            "CREATE DATABASE stalwart_no_such_database CHARACTER SET utf8mb4",
+        ),
+    }[vendor]
     assert (
         "DATABASES['default'] names the database 'stalwart_no_such_database', which does not "
-        "exist on the server (PostgreSQL at 127.0.0.1:5432, database 'stalwart_no_such_database')"
+        f"exist on the server ({server}, database 'stalwart_no_such_database')"
     ) in child.output
-    assert "Create it (createdb stalwart_no_such_database)" in child.output
+    assert f"Create it ({create})" in child.output
     assert "database_retry" not in child.output  # no retry can create it
     assert "Traceback" not in child.output
 
@@ -144,6 +151,9 @@ def test_a_database_that_cannot_be_reached_says_where_it_was_looked_for(vendor, 
     if vendor == "postgresql":
         child = run("queue", "status", PGPORT="1")
         where = "PostgreSQL at 127.0.0.1:1, database"
+    elif vendor == "mysql":
+        child = run("queue", "status", MYSQL_PORT="1")
+        where = "MySQL/MariaDB at 127.0.0.1:1, database"
     else:
         missing = tmp_path / "no-such-directory" / "db.sqlite3"
         child = run("queue", "status", STALWART_DB_NAME=str(missing))

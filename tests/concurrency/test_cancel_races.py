@@ -1,4 +1,5 @@
-"""A cancel racing a claim for the same waiting job, on two real PostgreSQL connections.
+"""A cancel racing a claim for the same waiting job, on two real connections (PostgreSQL,
+MySQL/MariaDB).
 
 The pausing trigger of the claim races stops one statement between its row lock and its
 write, so the other acts at exactly that moment: whoever locked the row first wins, and the
@@ -8,7 +9,7 @@ loser leaves the row as the winner wrote it.
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 import stalwart
 from stalwart.control import Cancelled
@@ -17,13 +18,14 @@ from tests.concurrency.test_claim_races import (  # the race machinery, shared
     ClaimThread,
     claim,
     pause_trigger,  # noqa: F401 - a fixture
+    paused_session,
     release,
     wait_until_paused,
 )
-from tests.helpers import register_processes, wait_for
+from tests.helpers import DATABASES, register_processes, wait_for
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 
 @pytest.fixture(autouse=True)
@@ -43,12 +45,9 @@ class CancelThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                self.backend_pid = cursor.fetchone()[0]
-                if self.paused:
-                    cursor.execute("SET stalwart.pause = 'on'")
-            self.done = stalwart.cancel(self.job_id)
+            with transaction.atomic():
+                self.backend_pid = paused_session(self.paused)
+                self.done = stalwart.cancel(self.job_id)
         except BaseException as error:  # noqa: BLE001 - reported by result()
             self.error = error
         finally:
@@ -64,6 +63,13 @@ class CancelThread(threading.Thread):
 
 def waiting_for_a_row_lock(backend_pid: int) -> bool:
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT 1 FROM information_schema.INNODB_TRX "
+                "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+                [backend_pid],
+            )
+            return cursor.fetchone() is not None
         cursor.execute(
             "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted "
             "AND locktype IN ('transactionid', 'tuple')",

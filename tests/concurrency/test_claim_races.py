@@ -1,24 +1,33 @@
 """Deterministic claim races on two (or three) real connections.
 
-On PostgreSQL, a test-only trigger pauses one claim in the middle of its statement (after it
-has locked its rows, before it has updated them) until the test lets it go, so the other
-connections act at exactly that moment.
+A test-only trigger pauses one claim in the middle (after it has locked its rows, before it
+has updated them) until the test lets it go, so the other connections act at exactly that
+moment: on PostgreSQL it waits for an advisory lock, on MySQL and MariaDB for a named lock
+(``GET_LOCK``), in a trigger before each update of a job row of the paused session.
 """
 
 import threading
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from stalwart import Call, enqueue_many
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
-from tests.helpers import register_processes, wait_for
+from tests.helpers import (
+    DATABASES,
+    SESSION_DATABASE,
+    register_processes,
+    reset_lock_timeout,
+    row_locks,
+    set_lock_timeout,
+    wait_for,
+)
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 EVERYTHING = QueueSelector.parse("*")
 
@@ -49,13 +58,12 @@ class ClaimThread(threading.Thread):
 
     def run(self) -> None:
         try:
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_backend_pid()")
-                    self.backend_pid = cursor.fetchone()[0]
-                    if self.paused:
-                        cursor.execute("SET stalwart.pause = 'on'")
-            self.claimed = claim(self.owner, self.limit)
+            if connection.vendor == "sqlite":
+                self.claimed = claim(self.owner, self.limit)
+                return
+            with transaction.atomic():
+                self.backend_pid = paused_session(self.paused)
+                self.claimed = claim(self.owner, self.limit)
         except BaseException as error:  # noqa: BLE001 - reported by result()
             self.error = error
         finally:
@@ -69,11 +77,24 @@ class ClaimThread(threading.Thread):
         return self.claimed
 
 
+MYSQL_PAUSE = f"""
+    CREATE TRIGGER stalwart_test_pause BEFORE UPDATE ON stalwart_job FOR EACH ROW
+    BEGIN
+        IF @stalwart_pause = 'on' THEN
+            SET @stalwart_paused = GET_LOCK('stalwart_pause_{PAUSE_LOCK}', 30);
+            SET @stalwart_paused = RELEASE_LOCK('stalwart_pause_{PAUSE_LOCK}');
+        END IF;
+    END"""
+
+
 @pytest.fixture
 def pause_trigger(vendor) -> Iterator[object]:
     """Install the pausing trigger; yield a control connection holding the pause lock."""
-    if vendor != "postgresql":
-        pytest.skip("row-level races need PostgreSQL's row locks (SQLite has one writer)")
+    if vendor == "sqlite":
+        pytest.skip("row-level races need row locks (SQLite has one writer)")
+    if vendor == "mysql":
+        yield from mysql_pause_trigger()
+        return
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
@@ -88,7 +109,7 @@ def pause_trigger(vendor) -> Iterator[object]:
                 FOR EACH ROW EXECUTE FUNCTION stalwart_test_pause();
             """
         )
-    control = connections.create_connection("default")
+    control = connections.create_connection(SESSION_DATABASE)  # holds a session lock
     with control.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [PAUSE_LOCK])
     try:
@@ -102,13 +123,56 @@ def pause_trigger(vendor) -> Iterator[object]:
             cursor.execute("DROP FUNCTION IF EXISTS stalwart_test_pause()")
 
 
+def paused_session(paused: bool) -> int:
+    """In a transaction: its session's id on the server and, if ``paused``, make its updates
+    of job rows pause (``SET LOCAL stalwart.pause`` on PostgreSQL, the user variable
+    ``@stalwart_pause`` on MySQL). One transaction keeps one server connection, through
+    PgBouncer too."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT CONNECTION_ID()")
+            session = cursor.fetchone()[0]
+            if paused:
+                cursor.execute("SET @stalwart_pause = 'on'")
+            return session
+        cursor.execute("SELECT pg_backend_pid()")
+        session = cursor.fetchone()[0]
+        if paused:
+            cursor.execute("SET LOCAL stalwart.pause = 'on'")
+        return session
+
+
+def mysql_pause_trigger() -> Iterator[object]:
+    with connection.cursor() as cursor:
+        cursor.execute(MYSQL_PAUSE)
+    control = connections.create_connection("default")
+    with control.cursor() as cursor:
+        cursor.execute(f"SELECT GET_LOCK('stalwart_pause_{PAUSE_LOCK}', 10)")
+    try:
+        yield control
+    finally:
+        with control.cursor() as cursor:
+            cursor.execute("SELECT RELEASE_ALL_LOCKS()")
+        control.close()
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS stalwart_test_pause")
+
+
 def wait_until_paused(backend_pid: int) -> None:
     def waiting() -> bool:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_locks WHERE pid = %s AND locktype = 'advisory' AND NOT granted",
-                [backend_pid],
-            )
+            if connection.vendor == "mysql":
+                cursor.execute(
+                    "SELECT 1 FROM information_schema.PROCESSLIST "
+                    "WHERE id = %s AND state = 'User lock'",
+                    [backend_pid],
+                )
+            else:
+                cursor.execute(
+                    "SELECT 1 FROM pg_locks "
+                    "WHERE pid = %s AND locktype = 'advisory' AND NOT granted",
+                    [backend_pid],
+                )
             return cursor.fetchone() is not None
 
     wait_for(waiting, message="the claim to pause inside its statement")
@@ -116,12 +180,14 @@ def wait_until_paused(backend_pid: int) -> None:
 
 def release(control) -> None:
     with control.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s)", [PAUSE_LOCK])
+        if connection.vendor == "mysql":
+            cursor.execute(f"SELECT RELEASE_LOCK('stalwart_pause_{PAUSE_LOCK}')")
+        else:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [PAUSE_LOCK])
 
 
 def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
-    if vendor != "postgresql":
-        pytest.skip("SQLite has no row locks: a writer waits for the database lock instead")
+    row_locks(vendor, "SQLite has no row locks: a writer waits for the database lock instead")
     high = tasks.add.using(priority=10).enqueue(1, 1)
     low = tasks.add.enqueue(2, 2)
     other = connections.create_connection("default")
@@ -130,15 +196,13 @@ def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
         with other.cursor() as cursor:
             cursor.execute("SELECT id FROM stalwart_job WHERE id = %s FOR UPDATE", [high.id])
         # Had the claim waited on the lock, lock_timeout would raise instead of returning.
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")
+        set_lock_timeout(2)
         first = claim(owner=1, limit=2)
         assert [str(job.id) for job in first] == [low.id]
         other.rollback()
     finally:
         other.close()
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
+        reset_lock_timeout()
     second = claim(owner=2, limit=2)
     assert [str(job.id) for job in second] == [high.id]
     assert claim(owner=3, limit=2) == []
@@ -295,8 +359,7 @@ def test_a_reap_racing_a_claim_still_releases_what_the_claim_took(pause_trigger)
 
 
 def test_enqueueing_a_keyed_job_takes_no_lock_in_the_callers_transaction(vendor):
-    if vendor != "postgresql":
-        pytest.skip("SQLite's single writer serialises transactions anyway")
+    row_locks(vendor, "SQLite's single writer serialises transactions anyway")
     from django.db import transaction
 
     from stalwart.models import Job
@@ -317,14 +380,12 @@ def test_enqueueing_a_keyed_job_takes_no_lock_in_the_callers_transaction(vendor)
     holder.start()
     try:
         assert opened.wait(10)
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")  # waiting on the holder would raise
+        set_lock_timeout(2)  # waiting on the holder would raise
         other = tasks.one_at_a_time.enqueue("shared-key")
         # Handing out the key's slots waits for nobody either.
         assert Job.objects.get(pk=other.id).status == "ready"
     finally:
         finish.set()
         holder.join(10)
-        with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
+        reset_lock_timeout()
     assert Job.objects.filter(concurrency_key__endswith=":shared-key").count() == 2

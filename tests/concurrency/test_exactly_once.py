@@ -24,7 +24,7 @@ from tests.testapp.models import Execution
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # PostgreSQL takes the full load; SQLite, with one writer at a time, what it can bear.
-LOAD = {"postgresql": (4, 4, 5000), "sqlite": (3, 3, 1500)}
+LOAD = {"postgresql": (4, 4, 5000), "mysql": (4, 4, 5000), "sqlite": (3, 3, 1500)}
 FORBIDDEN = ("Traceback", "IntegrityError", "deadlock", "database is locked")
 
 

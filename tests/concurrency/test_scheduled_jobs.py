@@ -17,7 +17,7 @@ from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-JOBS = {"postgresql": 3000, "sqlite": 1000}
+JOBS = {"postgresql": 3000, "mysql": 3000, "sqlite": 1000}
 
 
 def test_delayed_jobs_run_exactly_once_and_never_early():

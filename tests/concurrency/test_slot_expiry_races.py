@@ -7,7 +7,7 @@ slot for its own job: the key would have two jobs running with a limit of one.
 
 import threading
 import uuid
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from django.db import connection, connections, transaction
@@ -16,7 +16,7 @@ from django.db.models import F
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
-from tests.helpers import register_processes, wait_for
+from tests.helpers import register_processes, row_locks, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,13 +59,15 @@ class HeldRelease(threading.Thread):
 
 def database_now():
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            return cursor.fetchone()[0].replace(tzinfo=UTC)
         cursor.execute("SELECT clock_timestamp()")
         return cursor.fetchone()[0]
 
 
 def test_a_release_racing_a_hand_out_of_its_expiring_slot_never_doubles_the_key(vendor):
-    if vendor != "postgresql":
-        pytest.skip("two writers at once need PostgreSQL (SQLite has one writer)")
+    row_locks(vendor, "two writers at once need row locks (SQLite has one writer)")
     register_processes(31, 32)
     store = JobStore("default")
     holder = tasks.one_at_a_time_for_a_minute.enqueue("k")

@@ -1,12 +1,14 @@
 """Stalwart's system checks, as ``manage.py check`` runs them."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 from django.core import checks
+from django.db import connections
 from django.test import override_settings
 
-from stalwart.checks import check_pool
+from stalwart.checks import check_isolation, check_pool, check_pooler
 
 pytestmark = pytest.mark.django_db  # Django's model checks ask the database what it supports
 
@@ -67,6 +69,25 @@ def test_without_a_pool_there_is_nothing_to_check(backend):
     assert check_pool(backend, pooled(True, vendor="sqlite")) == []
 
 
+def mysql_at(level: object) -> SimpleNamespace:
+    """A stand-in for a MySQL connection whose DATABASES entry sets this isolation level."""
+    options = {} if level is None else {"isolation_level": level}
+    return SimpleNamespace(vendor="mysql", settings_dict={"OPTIONS": options})
+
+
+def test_mysql_above_read_committed_is_a_warning():
+    (warning,) = check_isolation("default", mysql_at("repeatable read"))
+    assert warning.id == "stalwart.W006"
+    assert warning.level == checks.WARNING
+    assert "'repeatable read', not 'read committed'" in warning.msg
+    assert "gaps" in warning.hint
+
+
+@pytest.mark.parametrize("level", [None, "read committed", "READ COMMITTED"])
+def test_mysql_at_read_committed_passes(level):
+    assert check_isolation("default", mysql_at(level)) == []
+
+
 def with_tasks_entry(**entry: object) -> dict:
     """TASKS with the test settings' default entry changed."""
     from django.conf import settings
@@ -119,3 +140,74 @@ def test_a_bad_cron_expression_is_a_check_error_naming_the_entry_not_a_broken_si
         "TASKS['default']['OPTIONS']['recurring']['nightly'] has an invalid 'schedule' '61 * * * *'"
     )
     assert "The scheduler ('queue supervise') will not start" in messages[0].hint
+
+
+def behind_a_pooler(backend, **options: object) -> SimpleNamespace:
+    """The backend with these OPTIONS (``transaction_pooler``, ``listen_database``), whatever
+    the test settings say."""
+    options = {"transaction_pooler": False, "listen_database": None, **options}
+    return SimpleNamespace(alias=backend.alias, config=replace(backend.config, **options))
+
+
+def pooled_connection(**settings: object) -> SimpleNamespace:
+    """A stand-in for the queue's connection through PgBouncer: the test database's name, on
+    another host, set up as the how-to asks unless ``settings`` say otherwise."""
+    return SimpleNamespace(
+        vendor="postgresql",
+        settings_dict={
+            "NAME": connections["default"].settings_dict["NAME"],
+            "HOST": "pgbouncer.internal",
+            "PORT": "6432",
+            "DISABLE_SERVER_SIDE_CURSORS": True,
+            "OPTIONS": {},
+            **settings,
+        },
+    )
+
+
+def test_behind_a_transaction_pooler_set_up_as_documented_nothing_is_reported(backend, vendor):
+    if vendor != "postgresql":
+        pytest.skip("listen_database must be a PostgreSQL database")
+    config = behind_a_pooler(backend, transaction_pooler=True, listen_database="default")
+    assert check_pooler(config, pooled_connection()) == []
+
+
+def test_settings_that_cannot_work_behind_a_transaction_pooler_are_warnings(backend):
+    config = behind_a_pooler(backend, transaction_pooler=True)
+    connection = pooled_connection(
+        OPTIONS={"prepare_threshold": 5}, DISABLE_SERVER_SIDE_CURSORS=False
+    )
+    prepared, cursors = check_pooler(config, connection)
+    assert (prepared.id, prepared.level) == ("stalwart.W010", checks.WARNING)
+    assert "['prepare_threshold'] is set" in prepared.msg
+    assert "PgBouncer 1.21 or later" in prepared.hint
+    assert (cursors.id, cursors.level) == ("stalwart.W011", checks.WARNING)
+    assert "DISABLE_SERVER_SIDE_CURSORS'] = True" in cursors.hint
+    # Without transaction_pooler, they are none of Stalwart's business.
+    assert check_pooler(behind_a_pooler(backend), connection) == []
+
+
+def test_a_listen_database_that_is_not_in_databases_is_an_error(backend):
+    config = behind_a_pooler(backend, transaction_pooler=True, listen_database="nowhere")
+    (error,) = check_pooler(config, pooled_connection())
+    assert error.id == "stalwart.E010"
+    assert error.msg == (
+        "TASKS['default']['OPTIONS']['listen_database'] is 'nowhere', which is not in DATABASES."
+    )
+
+
+def test_a_listen_database_on_another_database_would_hear_nothing(backend):
+    config = behind_a_pooler(backend, transaction_pooler=True, listen_database="default")
+    (error,) = check_pooler(config, pooled_connection(NAME="elsewhere"))
+    assert error.id == "stalwart.E011"
+    assert "would hear no notification" in error.msg
+
+
+def test_a_listen_database_through_the_pooler_itself_is_an_error(backend, vendor):
+    if vendor != "postgresql":
+        pytest.skip("listen_database must be a PostgreSQL database")
+    config = behind_a_pooler(backend, transaction_pooler=True, listen_database="default")
+    messages = check_pooler(config, connections["default"])
+    (error,) = [message for message in messages if message.is_serious()]
+    assert error.id == "stalwart.E012"
+    assert "through the pooler" in error.msg

@@ -86,14 +86,14 @@ def test_counts_survive_a_failed_write_and_are_added_later(counting):
     counting.record("job_enqueued", {"queue": "q", "task": "t"})
     Counter.objects.all().delete()
     with pytest.MonkeyPatch.context() as patch:
-        from django.db import DatabaseError
+        from django.db import DatabaseError, connection
 
-        from stalwart.db.base import Statements
+        from stalwart.db import statements_for
 
         def refuse(*args, **kwargs):
             raise DatabaseError("the database is away")
 
-        patch.setattr(Statements, "add_to_counters", refuse)
+        patch.setattr(type(statements_for(connection)), "add_to_counters", refuse)
         assert counting.flush() == 0
     assert counting.pending()
     assert counting.flush() == 1

@@ -13,7 +13,13 @@ from stalwart.models import RecurringRun
 from stalwart.processes.scheduler import Scheduler
 from stalwart.recurring import read_recurring
 from stalwart.status import collect_status
-from tests.helpers import ApplicationTransaction, WorkerThread, wait_for
+from tests.helpers import (
+    PGBOUNCER,
+    WITHOUT_TIMEOUTS,
+    ApplicationTransaction,
+    WorkerThread,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,7 +27,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def postgresql(vendor):
     if vendor != "postgresql":
-        pytest.skip("terminating a session, and row locks, are PostgreSQL's (SQLite is a file)")
+        pytest.skip(
+            "sessions are found by application_name, tables locked by LOCK TABLE: "
+            "PostgreSQL's (SQLite is a file; MySQL's session bounds: test_mysql.py)"
+        )
 
 
 def every_second(backend):
@@ -44,6 +53,11 @@ def terminate(application_name: str) -> int:
         return cursor.fetchone()[0]
 
 
+@pytest.mark.skipif(
+    PGBOUNCER,
+    reason="through PgBouncer, a terminated server session is PgBouncer's to replace: the "
+    "scheduler's own connection, to PgBouncer, is not cut",
+)
 def test_a_scheduler_whose_connection_is_terminated_reconnects_and_keeps_ticking(
     postgresql, backend, recorded_events
 ):
@@ -71,6 +85,7 @@ def test_a_scheduler_whose_connection_is_terminated_reconnects_and_keeps_ticking
     assert mine.count("database_recovered") == 1, mine
 
 
+@pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
 def test_a_scheduler_that_cannot_work_is_reported_by_the_health_check(postgresql, backend):
     config = every_second(backend)
     scheduler = Scheduler(config=config, scheduler=SchedulerOptions(polling_interval=0.1))
@@ -101,6 +116,7 @@ def test_a_scheduler_that_cannot_work_is_reported_by_the_health_check(postgresql
             running.join(15)
 
 
+@pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
 def test_the_queues_sessions_carry_a_name_and_timeouts_the_applications_do_not(postgresql):
     from stalwart.db.session import bookkeeping
 
@@ -131,3 +147,35 @@ def test_the_queues_sessions_carry_a_name_and_timeouts_the_applications_do_not(p
         seen["application"] = cursor.fetchone()
     assert seen["queue"] == ("stalwart:worker:4242", "1250ms", "500ms")
     assert seen["application"] == ("0",)  # set at connection: nothing leaks to other sessions
+
+
+@pytest.mark.skipif(not PGBOUNCER, reason="needs PgBouncer (python -m tests.pgbouncer)")
+def test_behind_pgbouncer_the_queues_sessions_carry_their_name_and_nothing_it_refuses(
+    postgresql, recorded_events
+):
+    from stalwart.db.session import bookkeeping
+
+    seen: dict[str, tuple] = {}
+
+    def bookkeeping_thread() -> None:
+        try:
+            bookkeeping(
+                "default",
+                application_name="stalwart:worker:4242",
+                statement_timeout=1.25,
+                lock_timeout=0.5,
+                pooled=True,
+            )
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT current_setting('application_name')")
+                seen["queue"] = cursor.fetchone()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=bookkeeping_thread)
+    thread.start()
+    thread.join(10)
+    # PgBouncer passes application_name on; the timeouts (the 'options' startup parameter,
+    # which it refuses) are not sent, so the first connection is not refused either.
+    assert seen["queue"] == ("stalwart:worker:4242",)
+    assert "session_options_refused" not in [action for action, _ in recorded_events]

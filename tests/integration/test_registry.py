@@ -16,7 +16,7 @@ from stalwart.processes.registry import (
     remove_reaped_child,
 )
 from stalwart.queues import QueueSelector
-from tests.helpers import locking_job_row
+from tests.helpers import locking_job_row, row_locks, set_lock_timeout
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -107,15 +107,13 @@ def test_a_job_at_its_last_attempt_fails_when_its_process_dies():
 
 
 def test_a_job_an_application_holds_does_not_stop_the_rest_of_the_prune(vendor, recorded_events):
-    if vendor != "postgresql":
-        pytest.skip("an application's row lock is PostgreSQL's")
+    row_locks(vendor, "SQLite has no row locks for an application to hold")
     blocked, free = register(), register()
     locked_job, other_job = hold_a_job(blocked.id), hold_a_job(free.id)
     age(blocked, 120)
     age(free, 120)
     with locking_job_row(locked_job.id):
-        with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '200ms'")  # as the queue's sessions have
+        set_lock_timeout(0.2)  # as the queue's sessions have
         pruned = prune_dead_processes("default", threshold=60, exclude=None)
     assert [gone.id for gone in pruned] == [free.id]  # the other dead process was pruned...
     assert Job.objects.get(pk=other_job.id).status == "ready"

@@ -19,6 +19,20 @@ def test_defaults_work_for_a_small_app():
     assert str(config.workers[0].queues) == "*"
 
 
+def test_behind_a_transaction_pooler_workers_listen_only_on_a_direct_connection():
+    plain = read({})
+    assert (plain.listen_notify, plain.transaction_pooler, plain.listen_database) == (
+        True,
+        False,
+        None,
+    )
+    # Nobody could hear a notification through the pooler: none is sent, workers poll.
+    assert read({"transaction_pooler": True}).listen_notify is False
+    direct = read({"transaction_pooler": True, "listen_database": "direct"})
+    assert (direct.listen_notify, direct.listen_database) == (True, "direct")
+    assert read({"listen_notify": False, "listen_database": "direct"}).listen_notify is False
+
+
 def test_task_modules_are_read_in_order():
     assert read({}).task_modules == ()
     config = read({"task_modules": ["reports.jobs", "billing.tasks.nightly"]})
@@ -66,6 +80,8 @@ def test_command_line_overrides_replace_only_what_is_given():
         ),
         ({"max_arguments_size": True}, "['max_arguments_size'] must be a whole number"),
         ({"listen_notify": "yes"}, "['listen_notify'] must be True or False"),
+        ({"transaction_pooler": 1}, "['transaction_pooler'] must be True or False"),
+        ({"listen_database": ""}, "['listen_database'] must be a database alias or None"),
         ({"database": ""}, "['database'] must be a database alias"),
         ({"task_modules": "reports.jobs"}, "['task_modules'] must be a list of dotted module"),
         ({"task_modules": ["reports.jobs", 3]}, "['task_modules'][1] must be a dotted module"),

@@ -3,8 +3,11 @@
 import argparse
 from typing import Any
 
+from django.db import DatabaseError
+
 from stalwart.cli import format_table, get_backend, subcommand
 from stalwart.cli.types import seconds
+from stalwart.db.hints import explain
 
 # -- check -----------------------------------------------------------------------------------
 
@@ -23,7 +26,12 @@ def check(command: Any, options: dict[str, Any]) -> int:
     from stalwart import diagnostics
 
     backend = get_backend(options["backend"])
-    messages = diagnostics.system_check_messages()
+    try:
+        messages = diagnostics.system_check_messages()
+    except DatabaseError as error:
+        # MySQL's own checks ask the server for its version: one out of reach is the problem.
+        command.stderr.write(f"error: {explain(error, backend.config.database)}")
+        return 1
     problems = diagnostics.all_problems(backend, messages)
     for warning in diagnostics.system_check_warnings(messages):
         command.stderr.write(f"warning: {warning}")
@@ -34,7 +42,8 @@ def check(command: Any, options: dict[str, Any]) -> int:
     config = backend.config
     command.stdout.write(
         f"OK: TASKS[{backend.alias!r}] on DATABASES[{config.database!r}] "
-        f"({len(config.workers)} worker kind(s), {len(config.recurring)} recurring task(s))."
+        f"({diagnostics.server_version(config.database)}; {len(config.workers)} worker "
+        f"kind(s), {len(config.recurring)} recurring task(s))."
     )
     return 0
 

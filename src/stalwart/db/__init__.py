@@ -12,10 +12,15 @@ __all__ = ["ClaimedJob", "Death", "NewJob", "Outcome", "Released", "Statements",
 
 @functools.cache
 def _statement_classes() -> dict[str, type[Statements]]:
+    from stalwart.db.mysql import MySQLStatements
     from stalwart.db.postgresql import PostgreSQLStatements
     from stalwart.db.sqlite import SQLiteStatements
 
-    return {"postgresql": PostgreSQLStatements, "sqlite": SQLiteStatements}
+    return {
+        "mysql": MySQLStatements,
+        "postgresql": PostgreSQLStatements,
+        "sqlite": SQLiteStatements,
+    }
 
 
 def statements_for(connection: BaseDatabaseWrapper) -> Statements:
@@ -28,6 +33,6 @@ def statements_for(connection: BaseDatabaseWrapper) -> Statements:
     if statements is None:
         raise ConfigurationError(
             f"Stalwart does not support the {connection.vendor!r} database of "
-            f"DATABASES[{connection.alias!r}]; use PostgreSQL or SQLite."
+            f"DATABASES[{connection.alias!r}]; use PostgreSQL, MySQL, MariaDB or SQLite."
         )
     return statements(connection)

@@ -239,19 +239,23 @@ _HOLDS_UNIQUE_KEY = (
 )
 # A job may go back to waiting only if no twin (same unique key) holds the key, and, of
 # several twins moved in one batch, only the first (smallest id) goes.
+# (A job without a key has no twin: ``NULL = key`` is never true. Written as two plain NOT
+# EXISTS, not under an ``OR``, so the planner can make them anti-joins on the unique indexes
+# rather than one subplan per candidate.)
 _NO_WAITING_TWIN = f"""
-    AND (candidate.unique_key IS NULL OR (
-        NOT EXISTS (
-            SELECT 1 FROM stalwart_job AS twin
-            WHERE twin.unique_key = candidate.unique_key AND twin.id <> candidate.id
-              AND {_HOLDS_UNIQUE_KEY.format(job="twin")})
-        AND NOT EXISTS (
-            SELECT 1 FROM stalwart_job AS sibling
-            WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
-              AND sibling.status = candidate.status)))"""
+    AND NOT EXISTS (
+        SELECT 1 FROM stalwart_job AS twin
+        WHERE twin.unique_key = candidate.unique_key AND twin.id <> candidate.id
+          AND {_HOLDS_UNIQUE_KEY.format(job="twin")})
+    AND NOT EXISTS (
+        SELECT 1 FROM stalwart_job AS sibling
+        WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
+          AND sibling.status = candidate.status)"""
 
 
 _CANCELLABLE = ", ".join(f"'{state}'" for state in CANCELLABLE_STATES)
+# The states in which a job waits for something other than a worker (its time, a slot).
+_WAITING = "'scheduled', 'blocked'"
 
 # A scheduled job may keep its owner: its attempt timed out and may still run in a thread of
 # that process, so it waits until the process row is gone (see ``Outcome.keep_owner``).
@@ -544,17 +548,24 @@ class Statements:
         """For the rest of this transaction, give up on a lock after a moment (where the
         database can): for writes that may wait on an application's transaction."""
 
+    def without_jit(self, cursor: Any) -> None:
+        """For the rest of this transaction, run queries without compiling them (where the
+        database would): a bulk statement over thousands of rows is priced high enough to
+        be compiled, which costs more than running it."""
+
     def take_write_lock(self, cursor: Any) -> None:
         """Make the transaction a writer before it reads (SQLite: no read-then-upgrade)."""
 
-    def orphan_owners(self, cursor: Any) -> list[int]:
-        """Owners of running jobs that have no process row."""
+    def orphan_owners(self, cursor: Any, *, limit: int | None = None) -> list[int]:
+        """Owners of running jobs that have no process row (the ``limit`` smallest)."""
         cursor.execute(
             "SELECT DISTINCT owner FROM stalwart_job WHERE status = 'running' "
             "AND owner IS NOT NULL AND NOT EXISTS ("
-            "SELECT 1 FROM stalwart_process WHERE stalwart_process.id = stalwart_job.owner)"
+            "SELECT 1 FROM stalwart_process WHERE stalwart_process.id = stalwart_job.owner) "
+            f"ORDER BY owner{'' if limit is None else ' LIMIT %s'}",
+            [] if limit is None else [limit],
         )
-        return sorted(row[0] for row in cursor.fetchall())
+        return [row[0] for row in cursor.fetchall()]
 
     def delete_process_if_dead(
         self, cursor: Any, *, process_id: int, threshold: float
@@ -781,9 +792,166 @@ class Statements:
         for key in sorted(keys):
             self.unblock(cursor, key=key, notify=notify)
 
-    def blocked_keys(self, cursor: Any) -> list[str]:
-        cursor.execute("SELECT DISTINCT concurrency_key FROM stalwart_job WHERE status = 'blocked'")
+    def blocked_keys(
+        self, cursor: Any, *, after: str | None = None, limit: int = 1000
+    ) -> list[str]:
+        """Up to ``limit`` concurrency keys with blocked jobs, in order, after ``after``: one
+        descent of ``stalwart_job_blocked`` per key (a loose index scan), whatever the number
+        of blocked jobs."""
+        cursor.execute(
+            """
+            WITH RECURSIVE blocked_key(key) AS (
+                SELECT min(concurrency_key) FROM stalwart_job
+                WHERE status = 'blocked' AND concurrency_key > %s
+                UNION ALL
+                SELECT (SELECT min(later.concurrency_key) FROM stalwart_job AS later
+                        WHERE later.status = 'blocked'
+                          AND later.concurrency_key > blocked_key.key)
+                FROM blocked_key WHERE blocked_key.key IS NOT NULL
+            )
+            SELECT key FROM blocked_key WHERE key IS NOT NULL LIMIT %s
+            """,
+            ["" if after is None else after, limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+    def unblock_sweep(
+        self, cursor: Any, *, after: str | None, limit: int, notify: bool
+    ) -> tuple[int, str | None]:
+        """Hand out the free slots of up to ``limit`` keys with blocked jobs (those after
+        ``after``, in key order): a few statements for the whole batch, not a transaction
+        per key. Returns how many jobs were made ready, and the last key looked at (None
+        when no key is left: the sweep is done). Call inside a transaction.
+
+        Each key's row is locked first, in key order, as ``unblock`` locks it: whoever hands
+        out a key's slots holds that lock, so the sweep and a finish never both count the
+        same free slot.
+        """
+        self.take_write_lock(cursor)
+        keys = self.blocked_keys(cursor, after=after, limit=limit)
+        if not keys:
+            return 0, None
+        return self.unblock_keys(cursor, keys=keys, notify=notify), keys[-1]
+
+    def unblock_keys(self, cursor: Any, *, keys: Sequence[str], notify: bool) -> int:
+        """Hand out the free slots of these keys (a few statements for all of them); return
+        how many jobs were made ready. Call inside a transaction."""
+        keys = sorted(set(keys))
+        if not keys:
+            return 0
+        self.take_write_lock(cursor)
+        marks = ", ".join(["%s"] * len(keys))
+        cursor.execute(f"SELECT key FROM stalwart_concurrency_key WHERE key IN ({marks})", keys)
+        missing = sorted(set(keys) - {row[0] for row in cursor.fetchall()})
+        if missing:
+            self._add_concurrency_keys(cursor, missing)
+        cursor.execute(
+            f"SELECT key, slot_limit FROM stalwart_concurrency_key WHERE key IN ({marks}) "
+            f"ORDER BY key {self.row_lock}",
+            keys,
+        )
+        limits = dict(cursor.fetchall())
+        expired, expired_params = self.slot_expired("stalwart_job")
+        cursor.execute(
+            "SELECT concurrency_key, count(*) FROM stalwart_job "
+            f"WHERE concurrency_key IN ({marks}) AND status IN ('ready', 'running') "
+            f"AND NOT (status = 'running' AND {expired}) GROUP BY concurrency_key",
+            [*keys, *expired_params],
+        )
+        holders = dict(cursor.fetchall())
+        free = {
+            key: limits[key] - holders.get(key, 0)
+            for key in keys
+            if limits.get(key, 0) - holders.get(key, 0) > 0
+        }
+        # Each key's most urgent blocked jobs, as many as it has free slots: one statement
+        # per 200 keys (SQLite takes at most 500 arms in a compound SELECT).
+        free_keys = sorted(free)
+        queues: list[str] = []
+        for start in range(0, len(free_keys), 200):
+            chunk = free_keys[start : start + 200]
+            arms = " UNION ALL ".join(
+                [
+                    (
+                        "SELECT * FROM (SELECT id FROM stalwart_job WHERE status = 'blocked' "
+                        "AND concurrency_key = %s ORDER BY priority DESC, available_at, id "
+                        "LIMIT %s) AS arm"
+                    )
+                ]
+                * len(chunk)
+            )
+            cursor.execute(
+                "UPDATE stalwart_job SET status = 'ready' WHERE status = 'blocked' "
+                f"AND id IN ({arms}) RETURNING queue_name",
+                [value for key in chunk for value in (key, free[key])],
+            )
+            queues += [row[0] for row in cursor.fetchall()]
+        if queues and notify:
+            self.notify(cursor, queues)
+        return len(queues)
+
+    def _add_concurrency_keys(self, cursor: Any, keys: Sequence[str]) -> None:
+        """Give keys without a row one, with the limit their newest blocked job has."""
+        marks = ", ".join(["%s"] * len(keys))
+        now, now_params = self.now_sql()
+        cursor.execute(
+            "INSERT INTO stalwart_concurrency_key (key, slot_limit, updated_at) "
+            f"SELECT newest.concurrency_key, newest.concurrency_limit, {now} FROM ("
+            "  SELECT concurrency_key, concurrency_limit, row_number() OVER ("
+            "    PARTITION BY concurrency_key ORDER BY id DESC) AS rank "
+            "  FROM stalwart_job WHERE status = 'blocked' AND concurrency_limit IS NOT NULL"
+            f"  AND concurrency_key IN ({marks})"
+            ") AS newest WHERE newest.rank = 1 ORDER BY newest.concurrency_key "
+            "ON CONFLICT (key) DO NOTHING",
+            [*now_params, *keys],
+        )
+
+    def waiting_queues(self, cursor: Any) -> list[str]:
+        """The queues that have a job ready, blocked or scheduled: one index descent per
+        queue (``claim_queue``, ``waiting_queue``), whatever the number of jobs."""
+        cursor.execute(
+            f"""
+            WITH RECURSIVE ready(queue_name) AS (
+                SELECT min(queue_name) FROM stalwart_job WHERE status = 'ready'
+                UNION ALL
+                SELECT (SELECT min(later.queue_name) FROM stalwart_job AS later
+                        WHERE later.status = 'ready' AND later.queue_name > ready.queue_name)
+                FROM ready WHERE ready.queue_name IS NOT NULL
+            ),
+            waiting(queue_name) AS (
+                SELECT min(queue_name) FROM stalwart_job WHERE status IN ({_WAITING})
+                UNION ALL
+                SELECT (SELECT min(later.queue_name) FROM stalwart_job AS later
+                        WHERE later.status IN ({_WAITING})
+                          AND later.queue_name > waiting.queue_name)
+                FROM waiting WHERE waiting.queue_name IS NOT NULL
+            )
+            SELECT queue_name FROM ready WHERE queue_name IS NOT NULL
+            UNION
+            SELECT queue_name FROM waiting WHERE queue_name IS NOT NULL
+            """
+        )
         return sorted(row[0] for row in cursor.fetchall())
+
+    def last_ticks(self, cursor: Any) -> list[tuple[str, Any]]:
+        """(key, latest run time) of each recurring key: one descent of the (key, run_at)
+        unique index per key (a loose index scan), however many ticks are kept."""
+        cursor.execute(
+            """
+            WITH RECURSIVE tick_key(key) AS (
+                SELECT min(key) FROM stalwart_recurring_run
+                UNION ALL
+                SELECT (SELECT min(later.key) FROM stalwart_recurring_run AS later
+                        WHERE later.key > tick_key.key)
+                FROM tick_key WHERE tick_key.key IS NOT NULL
+            )
+            SELECT tick_key.key, (
+                SELECT max(tick.run_at) FROM stalwart_recurring_run AS tick
+                WHERE tick.key = tick_key.key)
+            FROM tick_key WHERE tick_key.key IS NOT NULL
+            """
+        )
+        return cursor.fetchall()
 
     # -- failed and finished jobs, in bounded batches --------------------------------------
 
@@ -843,8 +1011,11 @@ class Statements:
         params: list,
         limit: int,
         grant_attempt: bool,
-    ) -> list[tuple[str, str | None]]:
-        """Move up to ``limit`` jobs in ``status`` back to waiting; return (queue, key) pairs.
+        after: Any = None,
+    ) -> list[tuple[str, str | None, Any]]:
+        """Move up to ``limit`` jobs in ``status`` back to waiting; return (queue, key, id)
+        of each. ``after``: only jobs with a greater id (the last batch's last id), so that a
+        run of batches reads each candidate once, not the jobs it left behind again.
 
         Jobs with a concurrency key go to ``blocked`` (a slot is then handed out), the rest to
         ``ready``. A failed job gets one more attempt than it has failed. A job whose unique
@@ -864,16 +1035,24 @@ class Statements:
             f"""
             WITH chosen AS MATERIALIZED (
                 SELECT id FROM stalwart_job AS candidate
-                WHERE status = %s {conditions} {_NO_WAITING_TWIN} {NO_LIVE_OWNER}
+                WHERE status = %s {"AND id > %s" if after is not None else ""} {conditions}
+                  {_NO_WAITING_TWIN} {NO_LIVE_OWNER}
                 ORDER BY id LIMIT %s {self.row_lock}
             )
             UPDATE stalwart_job
             SET status = CASE WHEN concurrency_key IS NULL THEN 'ready' ELSE 'blocked' END,
                 finished_at = NULL, owner = NULL, available_at = {now}{attempts}
             WHERE status = %s AND id IN (SELECT id FROM chosen)
-            RETURNING queue_name, concurrency_key
+            RETURNING queue_name, concurrency_key, id
             """,
-            [status, *params, limit, *now_params, status],
+            [
+                status,
+                *([self.uuid_param(after)] if after is not None else []),
+                *params,
+                limit,
+                *now_params,
+                status,
+            ],
         )
         return cursor.fetchall()
 

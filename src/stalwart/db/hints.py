@@ -31,16 +31,37 @@ _PG_CONNECT_FAILURES = (
 )
 
 
+# MySQL/MariaDB error numbers: unknown database, access denied, no such table, and the
+# client's "can't connect" (socket, TCP, unknown host).
+_MYSQL_MEANINGS = {
+    1049: MISSING_DATABASE,
+    1044: CREDENTIALS,
+    1045: CREDENTIALS,
+    1146: MISSING_TABLES,
+    2002: UNREACHABLE,
+    2003: UNREACHABLE,
+    2005: UNREACHABLE,
+}
+
+
+def _mysql_meaning(number: object, text: str) -> str | None:
+    """MySQL/MariaDB: the server's error number says what it means."""
+    meaning = _MYSQL_MEANINGS.get(number)  # type: ignore[call-overload]
+    return None if meaning == MISSING_TABLES and "stalwart_" not in text else meaning
+
+
 def one_line(error: BaseException) -> str:
     """The error's text on one line (psycopg's have several)."""
     return " ".join(str(error).split())
 
 
-def classify(error: BaseException) -> str | None:
+def classify(error: BaseException) -> str | None:  # noqa: PLR0911 - one return a meaning
     """What a database error means for a person: one of the constants above, or None."""
     cause = error.__cause__ or error
     text = str(cause).lower()
     state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if type(cause).__module__.partition(".")[0] == "MySQLdb" and cause.args:
+        return _mysql_meaning(cause.args[0], text)
     if state == "3D000" or ("database" in text and "does not exist" in text and "fatal" in text):
         return MISSING_DATABASE
     if state in ("28P01", "28000") or any(
@@ -74,8 +95,18 @@ def where(alias: str) -> str:
     if connections[alias].vendor == "sqlite":
         return f"the SQLite file {str(name)!r}"
     host = settings_dict.get("HOST") or "the local socket"
+    if connections[alias].vendor == "mysql":
+        # (display_name asks the server whether it is MariaDB: it may be out of reach.)
+        port = settings_dict.get("PORT") or "3306"
+        return f"MySQL/MariaDB at {host}:{port}, database {name!r}"
     port = settings_dict.get("PORT") or "5432"
     return f"{connections[alias].display_name} at {host}:{port}, database {name!r}"
+
+
+def create_command(alias: str, database: object) -> str:
+    if connections[alias].vendor == "mysql":
+        return f"CREATE DATABASE {database} CHARACTER SET utf8mb4"
+    return f"createdb {database}"
 
 
 def migrate_command(alias: str) -> str:
@@ -91,7 +122,7 @@ def advice(error: BaseException, alias: str) -> str | None:
         database = connections[alias].settings_dict.get("NAME")
         return (
             f"{name} names the database {database!r}, which does not exist on the server "
-            f"({where(alias)}). Create it (createdb {database}), then run "
+            f"({where(alias)}). Create it ({create_command(alias, database)}), then run "
             f"'{migrate_command(alias)}'."
         )
     if kind == CREDENTIALS:

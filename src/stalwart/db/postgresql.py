@@ -213,21 +213,23 @@ class PostgreSQLStatements(Statements):
             self.notify_scheduled(cursor, due_at=job.run_after or job.available_at)
         return row is not None
 
-    # The claim, in two parts so that it can also follow a finish in one statement.
-    _CLAIM_CTES = """
+    # The claim, in two parts so that it can also follow a finish in one statement. The rows
+    # are picked (``_picked``) by a scan of one partial index, the same in both statements.
+    _CLAIMANT = """
             claimant AS MATERIALIZED (
                 -- Only a registered process claims, and its row cannot be pruned until this
                 -- claim commits: a prune then finds these jobs and releases them.
                 SELECT id FROM stalwart_process WHERE id = %s FOR KEY SHARE
-            ),
-            picked AS MATERIALIZED (
-                -- Isolated jobs, or the others: an isolated job is claimed alone.
-                SELECT id FROM stalwart_job
-                WHERE status = 'ready' AND isolated = %s {conditions}
-                  AND EXISTS (SELECT 1 FROM claimant)
-                ORDER BY priority DESC, available_at, id
-                LIMIT %s
-                FOR UPDATE SKIP LOCKED
+            )"""
+    # Every queue with a ready job, one index descent each (a loose scan of claim_queue):
+    # what a claim on several queues walks, never the rows of the queues it leaves out.
+    _READY_QUEUES = """
+            ready_queue(queue_name) AS (
+                SELECT min(queue_name) FROM stalwart_job WHERE status = 'ready'
+                UNION ALL
+                SELECT (SELECT min(later.queue_name) FROM stalwart_job AS later
+                        WHERE later.status = 'ready' AND later.queue_name > ready_queue.queue_name)
+                FROM ready_queue WHERE ready_queue.queue_name IS NOT NULL
             )"""
     _CLAIM_UPDATE = """
             UPDATE stalwart_job AS job
@@ -241,10 +243,98 @@ class PostgreSQLStatements(Statements):
             WHERE job.id = picked.id AND job.status = 'ready'
             RETURNING {returning}"""
 
-    def _claim_params(
-        self, owner: int, worker_name: str, filter_params: list, limit: int, isolated: bool
-    ) -> list:
-        return [owner, isolated, *filter_params, limit, owner, worker_name]
+    def _picked(
+        self, pattern: QueuePattern, excluded: Sequence[QueuePattern], limit: int, isolated: bool
+    ) -> tuple[str, list, bool]:
+        """The CTEs that choose and lock the rows to claim: SQL, parameters, and whether it
+        needs ``WITH RECURSIVE``.
+
+        Each shape reads one partial index in its own order, so no plan filters the rows of
+        a queue it does not claim from (see docs/explanation/claim-protocol.md):
+
+        - one named queue: ``stalwart_job_claim_queue``, the queue's own range. The queue is
+          written ``= ANY(array)`` and the order starts with it, an order only that index
+          gives without a sort; so the planner cannot pick ``claim_any`` and filter out the
+          rows of other queues, whatever the statistics say.
+        - every queue (``*``), none left out: ``stalwart_job_claim_any``, its head.
+        - a prefix, or ``*`` with queues left out (paused, ``!name``): the ready queues are
+          listed by a loose scan, those claimed from kept, and each one's head read from
+          ``claim_queue`` (up to ``limit`` rows each, locked, the best ``limit`` kept).
+        - isolated jobs (one at a time, rare): the small ``stalwart_job_isolated`` index.
+        """
+        claimant = "AND EXISTS (SELECT 1 FROM claimant)"
+        if isolated:
+            conditions, params = self.queue_filter(pattern, excluded)
+            return (
+                f"""
+            picked AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' AND isolated {conditions} {claimant}
+                ORDER BY priority DESC, available_at, id
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            )""",
+                [*params, limit],
+                False,
+            )
+        exclusions, exclusion_params = self.queue_filter(QueuePattern("", is_prefix=True), excluded)
+        if not pattern.is_prefix:
+            return (
+                f"""
+            picked AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' AND NOT isolated AND queue_name = ANY(%s::text[])
+                  {exclusions} {claimant}
+                ORDER BY queue_name, priority DESC, available_at, id
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            )""",
+                [[pattern.name], *exclusion_params, limit],
+                False,
+            )
+        if pattern.matches_all and not excluded:
+            return (
+                f"""
+            picked AS MATERIALIZED (
+                SELECT id FROM stalwart_job
+                WHERE status = 'ready' AND NOT isolated {claimant}
+                ORDER BY priority DESC, available_at, id
+                LIMIT %s
+                FOR UPDATE SKIP LOCKED
+            )""",
+                [limit],
+                False,
+            )
+        conditions, params = self.queue_filter(pattern, excluded)
+        return (
+            f""",{self._READY_QUEUES},
+            picked AS MATERIALIZED (
+                SELECT head.id FROM (
+                    SELECT queue_name FROM ready_queue
+                    WHERE queue_name IS NOT NULL {conditions}
+                ) AS queue
+                CROSS JOIN LATERAL (
+                    SELECT id, priority, available_at FROM stalwart_job
+                    WHERE status = 'ready' AND NOT isolated
+                      AND queue_name = ANY(ARRAY[queue.queue_name]) {claimant}
+                    ORDER BY queue_name, priority DESC, available_at, id
+                    LIMIT %s
+                    FOR UPDATE SKIP LOCKED
+                ) AS head
+                ORDER BY head.priority DESC, head.available_at, head.id
+                LIMIT %s
+            )""",
+            [*params, limit, limit],
+            True,
+        )
+
+    def _claim_ctes(
+        self, pattern: QueuePattern, excluded: Sequence[QueuePattern], limit: int, isolated: bool
+    ) -> tuple[str, list, bool]:
+        picked, params, recursive = self._picked(pattern, excluded, limit, isolated)
+        if recursive:  # the ready queues' CTE comes between the claimant and the pick
+            return self._CLAIMANT + picked, params, True
+        return self._CLAIMANT + "," + picked, params, False
 
     def claim(
         self,
@@ -257,12 +347,12 @@ class PostgreSQLStatements(Statements):
         limit: int,
         isolated: bool = False,
     ) -> list[ClaimedJob]:
-        conditions, filter_params = self.queue_filter(pattern, excluded)
+        ctes, params, recursive = self._claim_ctes(pattern, excluded, limit, isolated)
         cursor.execute(
-            "WITH"
-            + self._CLAIM_CTES.format(conditions=conditions)
+            ("WITH RECURSIVE" if recursive else "WITH")
+            + ctes
             + self._CLAIM_UPDATE.format(returning=_RETURNING),
-            self._claim_params(owner, worker_name, filter_params, limit, isolated),
+            [owner, *params, owner, worker_name],
         )
         return self.claimed_from_rows(cursor.fetchall())
 
@@ -346,14 +436,14 @@ class PostgreSQLStatements(Statements):
         own conditions: the finish is fenced on owner and attempt, the claim skips locked
         rows and needs the claimant's row, exactly as when they run apart.
         """
-        conditions, filter_params = self.queue_filter(pattern, excluded)
+        ctes, params, recursive = self._claim_ctes(pattern, excluded, limit, isolated)
         cursor.execute(
-            "WITH"
+            ("WITH RECURSIVE" if recursive else "WITH")
             + self._OUTCOME_CTES
             + ",\n            finished AS ("
             + self._FINISH_UPDATE
             + "),"
-            + self._CLAIM_CTES.format(conditions=conditions)
+            + ctes
             + ",\n            claimed AS ("
             + self._CLAIM_UPDATE.format(returning=_RETURNING)
             + f")\n            SELECT 'c', {', '.join(CLAIM_COLUMNS)} FROM claimed"
@@ -361,7 +451,10 @@ class PostgreSQLStatements(Statements):
             [
                 *self._outcome_params(outcomes, owner),
                 owner,
-                *self._claim_params(owner, worker_name, filter_params, limit, isolated),
+                owner,
+                *params,
+                owner,
+                worker_name,
             ],
         )
         rows = cursor.fetchall()
@@ -542,6 +635,9 @@ class PostgreSQLStatements(Statements):
 
     def wait_briefly_for_locks(self, cursor: Any) -> None:
         cursor.execute("SET LOCAL lock_timeout = '50ms'")
+
+    def without_jit(self, cursor: Any) -> None:
+        cursor.execute("SET LOCAL jit = off")  # this transaction only (PgBouncer-safe)
 
     def database_now(self, cursor: Any) -> Any:
         cursor.execute("SELECT now()")

@@ -12,9 +12,18 @@ on PostgreSQL, in its startup packet (so at no cost, and for the session's whole
 - a ``connect_timeout``.
 
 They are startup parameters, not ``SET`` commands: behind a pooler in transaction mode a
-``SET`` would stay on the server connection and reach whichever client gets it next. A pooler
-that refuses the ``options`` parameter (PgBouncer does, unless told to ignore it) gets a
-connection without the timeouts (and one ``session_options_refused`` event).
+``SET`` would stay on the server connection and reach whichever client gets it next. Such a
+pooler cannot carry them either: PgBouncer refuses the ``options`` parameter, or drops it
+when told to ignore it. So with ``pooled`` (the setting ``transaction_pooler``) the timeouts
+are not sent at all, and ``application_name`` (which PgBouncer passes on) and the
+``connect_timeout`` are kept. A pooler nobody told us about that refuses the ``options``
+parameter gets a connection without the timeouts (and one ``session_options_refused``
+event).
+
+On MySQL and MariaDB, which have no startup parameters for them, the same bounds are set on
+each new session right after it connects: ``innodb_lock_wait_timeout`` (whole seconds, 1 at
+least) for the lock timeout, and MariaDB's ``max_statement_time`` (every statement) or
+MySQL's ``max_execution_time`` (SELECTs only) for the statement timeout.
 
 Job threads are left alone: their connections belong to the application's code. They alone
 use Django's connection pool, if ``OPTIONS["pool"]`` sets one up.
@@ -37,13 +46,15 @@ def bookkeeping(
     lock_timeout: float,
     on_statement: Callable[[], None] | None = None,
     connect_timeout: int | None = None,
+    pooled: bool = False,
 ) -> None:
     """Make this thread's connections to ``alias`` bookkeeping sessions (see above).
 
     ``on_statement`` is called after every statement the thread runs there, whatever its
     outcome: a statement that returned is proof that the thread is not stuck.
     ``connect_timeout``: seconds (2 at least, as libpq has it); by default the statement
-    timeout's.
+    timeout's. ``pooled``: ``alias`` is reached through a pooler in transaction mode, where
+    no session parameter can be set.
     """
     connection = connections[alias]
     if connection.vendor == "postgresql":
@@ -56,18 +67,61 @@ def bookkeeping(
         if "connect_timeout" not in options:
             options["connect_timeout"] = max(2, connect_timeout or math.ceil(statement_timeout))
         options.setdefault("application_name", application_name[:63])
-        server = (
-            f"-c statement_timeout={_milliseconds(statement_timeout)} "
-            f"-c lock_timeout={_milliseconds(lock_timeout)}"
-        )
-        options["options"] = f"{options['options']} {server}" if options.get("options") else server
         # A copy: the dict is shared by every thread's wrapper of this alias.
         connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
-        _without_refused_options(connection)
+        if pooled:
+            # psycopg's server-side prepared statements are session state too (and PgBouncer
+            # before 1.21 cannot carry them in transaction mode): never for the queue's own.
+            options.pop("prepare_threshold", None)
+        else:
+            _with_timeouts(connection, statement_timeout, lock_timeout)
         if connection.connection is not None:
             connection.close()  # the next statement opens a session with these parameters
+    elif connection.vendor == "mysql":
+        options = dict(connection.settings_dict.get("OPTIONS") or {})
+        options.setdefault(
+            "connect_timeout", max(2, connect_timeout or math.ceil(statement_timeout))
+        )
+        connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+        _bounded_mysql_sessions(connection, statement_timeout, lock_timeout)
+        if connection.connection is not None:
+            connection.close()  # the next statement opens a session with these bounds
     if on_statement is not None:
         connection.execute_wrappers.append(_calling_after(on_statement))
+
+
+def _with_timeouts(connection: Any, statement_timeout: float, lock_timeout: float) -> None:
+    """Add the timeouts to the ``options`` startup parameter of ``connection``'s sessions."""
+    options = connection.settings_dict["OPTIONS"]
+    server = (
+        f"-c statement_timeout={_milliseconds(statement_timeout)} "
+        f"-c lock_timeout={_milliseconds(lock_timeout)}"
+    )
+    options["options"] = f"{options['options']} {server}" if options.get("options") else server
+    _without_refused_options(connection)
+
+
+def _bounded_mysql_sessions(connection: Any, statement_timeout: float, lock_timeout: float) -> None:
+    """Set the timeouts on each new MySQL/MariaDB session of this thread, as it connects."""
+    connect = connection.get_new_connection
+
+    def get_new_connection(conn_params: dict) -> Any:
+        raw = connect(conn_params)
+        if "mariadb" in raw.get_server_info().lower():
+            statement = f"max_statement_time = {statement_timeout:.3f}"
+        else:
+            statement = f"max_execution_time = {max(1, round(statement_timeout * 1000))}"
+        cursor = raw.cursor()
+        try:
+            cursor.execute(
+                f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(lock_timeout))}, "
+                f"SESSION {statement}"
+            )
+        finally:
+            cursor.close()
+        return raw
+
+    connection.get_new_connection = get_new_connection
 
 
 def _milliseconds(seconds: float) -> str:

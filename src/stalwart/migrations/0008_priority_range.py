@@ -3,10 +3,20 @@
 On PostgreSQL the constraint is added ``NOT VALID``, then validated in a second statement:
 adding it locks the table for a moment only, and validating it scans the table without
 blocking reads or writes. So the migration is not atomic (on SQLite, where the table is
-rebuilt, the rebuild is).
+rebuilt, the rebuild is; on MySQL and MariaDB, whose DDL commits at once, it is one
+``ALTER TABLE``).
 """
 
+import contextlib
+
 from django.db import migrations, models, transaction
+
+
+def atomic_ddl(connection):
+    """A transaction around DDL where the database can roll DDL back (not MySQL)."""
+    if connection.features.can_rollback_ddl:
+        return transaction.atomic(using=connection.alias)
+    return contextlib.nullcontext()
 
 
 class AddConstraintThenValidate(migrations.AddConstraint):
@@ -16,7 +26,7 @@ class AddConstraintThenValidate(migrations.AddConstraint):
         if not self.allow_migrate_model(connection.alias, model):
             return
         if connection.vendor != "postgresql":
-            with transaction.atomic(using=connection.alias):
+            with atomic_ddl(connection):
                 super().database_forwards(app_label, schema_editor, from_state, to_state)
             return
         table = schema_editor.quote_name(model._meta.db_table)
@@ -25,7 +35,7 @@ class AddConstraintThenValidate(migrations.AddConstraint):
         schema_editor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        with transaction.atomic(using=schema_editor.connection.alias):
+        with atomic_ddl(schema_editor.connection):
             super().database_backwards(app_label, schema_editor, from_state, to_state)
 
 

@@ -160,6 +160,19 @@ class Job(models.Model):
                 condition=models.Q(status="failed"),
                 name="stalwart_job_failed_task",
             ),
+            # Failed jobs in id order: a retry or a discard of many goes through them in
+            # batches, each from where the last one ended, reading no other rows.
+            models.Index(
+                fields=["id"],
+                condition=models.Q(status="failed"),
+                name="stalwart_job_failed_id",
+            ),
+            # Queues with scheduled or blocked jobs, one descent each (``--stop-when-empty``).
+            models.Index(
+                fields=["queue_name"],
+                condition=models.Q(status__in=["scheduled", "blocked"]),
+                name="stalwart_job_waiting_queue",
+            ),
             # Jobs with a unique key, whatever their state: a retry or a run-now checks that
             # no twin goes back to waiting before it (without this index, PostgreSQL's
             # planner prices that check as a scan per job, and compiles the query (JIT) for

@@ -173,19 +173,23 @@ class Role:
         name = f"stalwart:{self.kind}:{os.getpid()}"
         return f"{name}:{thread}" if thread else name
 
-    def open_session(self, thread: str = "", *, main: bool = False) -> None:
+    def open_session(
+        self, thread: str = "", *, main: bool = False, database: str | None = None
+    ) -> None:
         """Make this thread's connection a bookkeeping session (see ``stalwart.db.session``);
-        statements of the main loop count as its progress."""
+        statements of the main loop count as its progress. ``database``: another alias than
+        the queue's (the listener's ``listen_database``), reached directly."""
         if main:
             self._main_connection = connections[self.database]
             self._thread = threading.current_thread()
         bookkeeping(
-            self.database,
+            database or self.database,
             application_name=self.application_name(thread),
             statement_timeout=self.config.statement_timeout,
             lock_timeout=self.config.lock_timeout,
             on_statement=self.liveness.progressed if main else None,
             connect_timeout=self.connect_timeout,
+            pooled=self.config.transaction_pooler and database is None,
         )
 
     def step[T](self, work: Callable[[], T]) -> T:

@@ -1,9 +1,16 @@
 """Cluster maintenance, done by dispatchers (and by a standalone ``queue work``).
 
+Each chore is done by one process in the cluster at a time, the holder of its lease, and in
+bounded transactions, so none holds many locks or runs long:
+
 - Dead processes are pruned and their jobs released, and jobs whose owner has no row are
   taken back (under the lease "stalwart.prune"; supervisors do this too).
-- Free concurrency slots nobody handed on are handed out (a sweep, safe anywhere).
-- Finished jobs past ``OPTIONS['retention']`` are deleted (under "stalwart.retention").
+- Free concurrency slots nobody handed on are handed out (under "stalwart.slots"): a sweep
+  of the keys with blocked jobs, up to ``SLOT_SWEEP_BATCH`` keys per transaction, in key
+  order. A sweep of many keys is spread over calls: each call does one batch, and the
+  caller (the dispatcher) promotes due jobs between them.
+- Finished jobs past ``OPTIONS['retention']`` are deleted (under "stalwart.retention"),
+  ``BATCH_SIZE`` rows per transaction.
 
 Everything here is safe if several processes do it at once; the leases only keep the cluster
 from doing the same work on every host.
@@ -19,6 +26,8 @@ from stalwart.processes.registry import prune_under_lease
 
 RETENTION_LEASE = "stalwart.retention"
 RETENTION_INTERVAL = 60.0  # seconds between retention passes in the whole cluster
+SLOTS_LEASE = "stalwart.slots"
+SLOT_SWEEP_BATCH = 1000  # concurrency keys per transaction of the slot sweep
 
 
 class Chores:
@@ -28,6 +37,9 @@ class Chores:
         self.store = JobStore(config.database, notify=config.listen_notify)
         self._next_sweep = 0.0
         self._next_retention = 0.0
+        self._next_slots = 0.0
+        # Where the slot sweep under way goes on (None: no sweep under way).
+        self._slots_after: str | None = None
 
     def run_due(self, *, exclude: int | None) -> None:
         """Do what is due now; ``exclude`` is the caller's own process row."""
@@ -41,7 +53,7 @@ class Chores:
                 interval=self.config.heartbeat_interval,
                 exclude=exclude,
             )
-            self.store.unblock_all()
+        self.sweep_slots(now)
         if now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL
             # Held a little longer than the interval, so its holder renews it in time.
@@ -54,3 +66,22 @@ class Chores:
                 deleted = delete_expired_jobs(self.config)
                 if deleted:
                     events.emit("jobs_expired", process=self.holder, count=deleted)
+
+    def sweep_slots(self, now: float) -> None:
+        """One batch of the slot sweep, if one is under way or due, and the lease is ours."""
+        if self._slots_after is None:
+            if now < self._next_slots:
+                return
+            self._next_slots = now + self.config.heartbeat_interval
+        # Renewed at each batch; held a little longer than the interval between sweeps.
+        if not leases.try_acquire(
+            SLOTS_LEASE,
+            self.holder,
+            ttl=2 * self.config.heartbeat_interval,
+            database=self.config.database,
+        ):
+            self._slots_after = None
+            return
+        _, self._slots_after = self.store.unblock_batch(
+            after=self._slots_after, batch=SLOT_SWEEP_BATCH
+        )

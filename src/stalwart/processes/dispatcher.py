@@ -1,4 +1,5 @@
-"""The dispatcher: makes due scheduled jobs ready in batches, and does cluster chores.
+"""The dispatcher: makes due scheduled jobs ready in batches, and, between batches, does
+cluster chores.
 
 Without LISTEN/NOTIFY it looks every ``polling_interval``. With it (PostgreSQL), it sleeps
 until the earliest scheduled job is due, by the database's clock; an enqueue or a retry of a
@@ -45,11 +46,12 @@ class Dispatcher(Role):
             from stalwart.db.postgresql import SCHEDULED_CHANNEL
             from stalwart.processes.listener import Listener
 
+            listen_on = self.config.listen_database  # a direct connection, past a pooler
             self._listener = Listener(
-                self.database,
+                listen_on or self.database,
                 self._due_sooner,
                 self.waker.wake,
-                session=lambda: self.open_session("listener"),
+                session=lambda: self.open_session("listener", database=listen_on),
                 process=self.name,
                 channel=SCHEDULED_CHANNEL,
             )
@@ -60,6 +62,11 @@ class Dispatcher(Role):
                 wait = self.step(self._dispatch)
                 if wait is FAILED:
                     continue  # the step has waited its backoff
+                # Chores are a step of their own, between promotions, never inside one; each
+                # call does a bounded part (see Chores), so a big sweep does not hold promotion
+                # up.
+                if self.step(self._chores) is FAILED:
+                    continue
                 self.pause(max(wait - (time.monotonic() - started), 0))
         finally:
             if self._listener is not None:
@@ -78,14 +85,13 @@ class Dispatcher(Role):
             return True
 
     def _dispatch(self) -> float:
-        """Promote one batch, do the chores that are due; return how long to wait."""
+        """Promote one batch; return how long to wait before the next."""
         # Until we know when we look next, any notification wakes us: one that comes during
         # this look leaves the waker set, and the wait that follows ends at once.
         self._look_at = float("inf")
         promoted = self.store.promote_due(limit=self.dispatcher.batch_size)
         if promoted:
             events.emit("jobs_promoted", process=self.name, count=promoted)
-        self.chores.run_due(exclude=self.registration.id)
         if promoted >= self.dispatcher.batch_size:
             return 0.0  # more may be due right now
         if not self._listening():
@@ -101,3 +107,6 @@ class Dispatcher(Role):
             wait = min(wait, until_due + DUE_MARGIN)
         self._look_at = now + wait
         return wait
+
+    def _chores(self) -> None:
+        self.chores.run_due(exclude=self.registration.id)

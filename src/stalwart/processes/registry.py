@@ -216,6 +216,7 @@ def report_pruned(gone: GoneProcess) -> None:
 
 
 PRUNE_LEASE = "stalwart.prune"
+ORPHAN_OWNERS_PER_TRANSACTION = 50
 
 
 def prune_under_lease(
@@ -248,12 +249,15 @@ def release_orphans(database: str) -> list[Released]:
     id never comes back (process ids are never reused), so the sweep cannot race a claim.
     """
     statements = JobStore(database).statements
+    owners_done = [0]
 
     def sweep() -> list[Released]:
         with transaction.atomic(using=database), connections[database].cursor() as cursor:
             statements.take_write_lock(cursor)
             released: list[Released] = []
-            for owner in statements.orphan_owners(cursor):
+            owners = statements.orphan_owners(cursor, limit=ORPHAN_OWNERS_PER_TRANSACTION)
+            owners_done[0] = len(owners)
+            for owner in owners:
                 released += statements.release_owner_rows(
                     cursor,
                     owner=owner,
@@ -265,7 +269,13 @@ def release_orphans(database: str) -> list[Released]:
             statements.hand_on_slots(cursor, released, notify=True)
             return released
 
-    released = retry_transient(database, sweep, what="release orphaned jobs", conflicts=True)
+    # Bounded transactions: up to ORPHAN_OWNERS_PER_TRANSACTION owners' jobs each.
+    released: list[Released] = []
+    while True:
+        batch = retry_transient(database, sweep, what="release orphaned jobs", conflicts=True)
+        released += batch
+        if owners_done[0] < ORPHAN_OWNERS_PER_TRANSACTION or not batch:
+            break
     if released:
         events.emit("orphans_released", count=len(released))
     return released

@@ -180,11 +180,12 @@ class Worker(Role):
 
     def main(self) -> None:
         if self.config.listen_notify and connections[self.database].vendor == "postgresql":
+            listen_on = self.config.listen_database  # a direct connection, past a pooler
             self._listener = Listener(
-                self.database,
+                listen_on or self.database,
                 self.selector.serves,
                 self.waker.wake,
-                session=lambda: self.open_session("listener"),
+                session=lambda: self.open_session("listener", database=listen_on),
                 process=self.name,
             )
             self._listener.start()
@@ -279,14 +280,10 @@ class Worker(Role):
             self.pause(remaining)
 
     def _drained(self) -> bool:
-        from stalwart.models import Job
-
-        pending = Job.objects.using(self.database).filter(
-            status__in=[JobStatus.READY, JobStatus.SCHEDULED, JobStatus.BLOCKED]
-        )
+        # One index descent per queue with waiting jobs, not a scan of the waiting jobs.
         return not any(
             self.selector.serves(name) and name not in self._paused
-            for name in pending.values_list("queue_name", flat=True).distinct()
+            for name in self.store.waiting_queues()
         )
 
     def _reconcile(self) -> None:

@@ -1,0 +1,303 @@
+"""The hot statements' plans on a job table big enough for PostgreSQL's planner to care.
+
+Each test runs a statement exactly as Stalwart sends it (through ``Statements``), under
+``EXPLAIN (ANALYZE, FORMAT JSON)`` in a transaction that is rolled back, and asserts the
+plan's shape: the index it reads, no sequential scan of ``stalwart_job``, and no filter that
+throws away another queue's rows. Never the time: ``benchmarks/plans.py`` prints that.
+"""
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from stalwart import ticks
+from stalwart.db import Outcome, statements_for
+from stalwart.models import Job, Process
+from stalwart.queues import QueuePattern
+
+pytestmark = pytest.mark.django_db
+
+BIG = "bulk"
+EVERY = QueuePattern("", is_prefix=True)
+ORPHAN = 987_654_321
+
+
+@pytest.fixture(scope="module")
+def big_table(django_db_setup, django_db_blocker) -> Iterator[int]:
+    """~200,000 jobs: mostly successful; a backlog of 30,000 ready jobs in one queue, at the
+    higher priorities; a few thousand ready elsewhere, failed (with unique keys), scheduled,
+    blocked and running; 50,000 recurring ticks. Analyzed. Yields a registered owner."""
+    with django_db_blocker.unblock():
+        if connection.vendor != "postgresql":
+            pytest.skip("plans are PostgreSQL's: SQLite's planner has no partial indexes to mix up")
+        owner = Process.objects.create(
+            kind="worker",
+            name="worker-plans",
+            pid=1,
+            hostname="test",
+            created_at="2026-01-01T00:00Z",
+            last_heartbeat_at="2099-01-01T00:00Z",
+        ).id
+        insert = """
+            INSERT INTO stalwart_job (id, task_path, backend, queue_name, priority, status,
+                args, kwargs, available_at, enqueued_at, finished_at, attempt, max_attempts,
+                owner, worker_ids, errors, concurrency_key, concurrency_limit, unique_key,
+                unique_while_running, isolated)
+            SELECT gen_random_uuid(), 't.task', 'default', {queue}, {priority}, %s, '[]', '{{}}',
+                   {available}, now(), {finished}, 1, 1, {owner}, '[]', '[]', {key},
+                   CASE WHEN {key} IS NULL THEN NULL ELSE 1 END, {unique}, false, false
+            FROM generate_series(1, %s) AS n"""
+        spread = "(ARRAY['default', 'mail', 'reports', 'bulk'])[1 + mod(n, 4)]"
+        small = "(ARRAY['default', 'mail', 'reports'])[1 + mod(n, 3)]"
+        ago = "now() - mod(n, 86400) * interval '1 s'"
+        rows = [
+            ("successful", 150_000, spread, "mod(n, 3) - 1", ago, ago, "NULL", "NULL", "NULL"),
+            ("failed", 6_000, spread, "0", ago, ago, "NULL", "NULL", "'u-' || n"),
+            ("ready", 30_000, f"'{BIG}'", "mod(n, 3)", ago, "NULL", "NULL", "NULL", "NULL"),
+            ("ready", 3_000, small, "mod(n, 3) - 1", ago, "NULL", "NULL", "NULL", "'u-' || n"),
+            (
+                "scheduled",
+                5_000,
+                spread,
+                "0",
+                "now() + CASE WHEN mod(n, 50) = 0 THEN -1 ELSE n END * interval '1 s'",
+                "NULL",
+                "NULL",
+                "NULL",
+                "NULL",
+            ),
+            ("blocked", 1_000, spread, "0", ago, "NULL", "NULL", "'k-' || mod(n, 200)", "NULL"),
+            ("running", 1_000, spread, "0", ago, "NULL", str(owner), "NULL", "NULL"),
+            ("running", 10, spread, "0", ago, "NULL", str(ORPHAN), "NULL", "NULL"),
+        ]
+        with connection.cursor() as cursor:
+            for state, count, queue, priority, available, finished, holder, key, unique in rows:
+                cursor.execute(
+                    insert.format(
+                        queue=queue,
+                        priority=priority,
+                        available=available,
+                        finished=finished,
+                        owner=holder,
+                        key=key,
+                        unique=unique,
+                    ),
+                    [state, count],
+                )
+            cursor.execute(
+                "INSERT INTO stalwart_recurring_run (key, run_at, job_id, created_at) "
+                "SELECT 'tick-' || mod(n, 5), now() - n * interval '1 minute', "
+                "gen_random_uuid(), now() FROM generate_series(1, 50000) AS n"
+            )
+            cursor.execute("VACUUM ANALYZE stalwart_job")
+            cursor.execute("VACUUM ANALYZE stalwart_recurring_run")
+    yield owner
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("TRUNCATE stalwart_job, stalwart_recurring_run, stalwart_process")
+
+
+def plans(work: Callable[[Any], Any]) -> tuple[Any, list[dict]]:
+    """Run ``work(cursor)`` (rolled back); return its result and the plan of each statement
+    it sent, each run first under EXPLAIN ANALYZE (rolled back to a savepoint)."""
+    found: list[dict] = []
+
+    def explain(execute, sql, params, many, context):
+        if not sql.lstrip().upper().startswith(("SAVEPOINT", "RELEASE", "ROLLBACK")):
+            raw = context["cursor"].cursor
+            raw.execute("SAVEPOINT plan")
+            raw.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            plan = raw.fetchone()[0]
+            raw.execute("ROLLBACK TO SAVEPOINT plan")
+            found.append((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(explain), connection.cursor() as cursor:
+            result = work(cursor)
+        transaction.set_rollback(True)
+    return result, found
+
+
+def nodes(plan: dict) -> Iterator[dict]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from nodes(child)
+
+
+def job_scans(plan: dict) -> list[dict]:
+    return [node for node in nodes(plan) if node.get("Relation Name") == "stalwart_job"]
+
+
+def indexes(plan: dict) -> set[str]:
+    """Every index the plan reads (bitmap index scans name no table: all are listed)."""
+    return {node["Index Name"] for node in nodes(plan) if "Index Name" in node}
+
+
+def assert_flat(plan: dict) -> None:
+    """No sequential scan of the job table, and no job row read only to be filtered out."""
+    for node in job_scans(plan):
+        assert node["Node Type"] != "Seq Scan", json.dumps(plan, indent=1)
+        removed = node.get("Rows Removed by Filter", 0)
+        assert removed == 0, f"{node.get('Index Name')} filtered {removed} rows: {node}"
+
+
+def claim_with(statements, owner, pattern, excluded=(), outcomes=None):
+    if outcomes is None:
+        return lambda cursor: statements.claim(
+            cursor,
+            owner=owner,
+            worker_name="w",
+            pattern=pattern,
+            excluded=list(excluded),
+            limit=5,
+        )
+    return lambda cursor: statements.finish_and_claim(
+        cursor,
+        owner=owner,
+        outcomes=outcomes,
+        worker_name="w",
+        pattern=pattern,
+        excluded=list(excluded),
+        limit=5,
+    )[1]
+
+
+def finishing(owner) -> list[Outcome]:
+    held = Job.objects.filter(status="running", owner=owner).order_by("id")[:5]
+    return [Outcome(id=job.id, attempt=job.attempt, status="successful") for job in held]
+
+
+def expected(queues: set[str] | None, excluded: set[str] = frozenset()) -> list:
+    """The five jobs a claim must take: most urgent first (priority, then availability)."""
+    ready = Job.objects.filter(status="ready").exclude(queue_name__in=excluded)
+    if queues is not None:
+        ready = ready.filter(queue_name__in=queues)
+    return list(ready.order_by("-priority", "available_at", "id").values_list("id", flat=True)[:5])
+
+
+@pytest.mark.parametrize("queue", ["mail", BIG])
+def test_a_claim_on_a_named_queue_reads_only_that_queue_in_claim_and_finish_and_claim(
+    big_table, queue
+):
+    statements = statements_for(connection)
+    for outcomes in (None, finishing(big_table)):
+        claimed, found = plans(claim_with(statements, big_table, QueuePattern(queue), (), outcomes))
+        claim = found[0]
+        assert "stalwart_job_claim_queue" in indexes(claim)
+        assert "stalwart_job_claim_any" not in indexes(claim)
+        assert_flat(claim)
+        assert sorted(job.id for job in claimed) == sorted(expected({queue}))
+
+
+def test_a_claim_on_every_queue_with_a_paused_backlog_never_reads_the_paused_rows(big_table):
+    statements = statements_for(connection)
+    for outcomes in (None, finishing(big_table)):
+        claimed, found = plans(
+            claim_with(statements, big_table, EVERY, [QueuePattern(BIG)], outcomes)
+        )
+        claim = found[0]
+        assert indexes(claim) >= {"stalwart_job_claim_queue"}
+        assert "stalwart_job_claim_any" not in indexes(claim)
+        assert_flat(claim)
+        # Most urgent first across the other queues, none from the paused one.
+        assert sorted(job.id for job in claimed) == sorted(expected(None, {BIG}))
+
+
+def test_a_claim_on_a_prefix_reads_the_heads_of_its_queues(big_table):
+    statements = statements_for(connection)
+    claimed, found = plans(claim_with(statements, big_table, QueuePattern("b", is_prefix=True)))
+    assert "stalwart_job_claim_any" not in indexes(found[0])
+    assert_flat(found[0])
+    assert sorted(job.id for job in claimed) == sorted(expected({BIG}))
+
+
+def test_a_claim_on_every_queue_reads_the_head_of_claim_any(big_table):
+    statements = statements_for(connection)
+    for outcomes in (None, finishing(big_table)):
+        claimed, found = plans(claim_with(statements, big_table, EVERY, (), outcomes))
+        assert "stalwart_job_claim_any" in indexes(found[0])
+        assert_flat(found[0])
+        assert sorted(job.id for job in claimed) == sorted(expected(None))
+
+
+def test_finish_promote_and_release_read_their_own_indexes(big_table):
+    statements = statements_for(connection)
+    outcomes = finishing(big_table)
+    _, found = plans(lambda c: statements.finish(c, owner=big_table, outcomes=outcomes))
+    assert_flat(found[0])
+    _, found = plans(lambda c: statements.promote_due(c, limit=500, notify=False))
+    assert "stalwart_job_due" in indexes(found[0])
+    assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(found[0]))
+    held = [(outcome.id, outcome.attempt) for outcome in outcomes]
+    _, found = plans(lambda c: statements.release(c, owner=big_table, jobs=held, notify=False))
+    for plan in found:
+        assert_flat(plan)
+
+
+def test_retry_reads_failed_jobs_by_id_and_checks_twins_on_the_unique_indexes(big_table):
+    statements = statements_for(connection)
+    conditions, params = statements.selection_sql()
+    count, found = plans(
+        lambda c: statements.count_requeueable(
+            c, status="failed", conditions=conditions, params=params
+        )
+    )
+    assert count == 6_000 - 3_000  # the first 3,000 have a ready twin holding their key
+    assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(found[0]))
+    # The twin checks are joins, not a subplan run once per failed job.
+    assert not any("Subplan Name" in node for node in job_scans(found[0]))
+    _, found = plans(
+        lambda c: statements.requeue_batch(
+            c,
+            status="failed",
+            conditions=conditions,
+            params=params,
+            limit=1000,
+            grant_attempt=True,
+        )
+    )
+    assert "stalwart_job_failed_id" in indexes(found[0])
+    assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(found[0]))
+
+
+def test_sweeps_read_indexes_only(big_table):
+    statements = statements_for(connection)
+    _, found = plans(lambda c: statements.unblock_sweep(c, after=None, limit=1000, notify=False))
+    for plan in found:
+        assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(plan))
+    owners, found = plans(lambda c: statements.orphan_owners(c, limit=50))
+    assert owners == [ORPHAN]
+    assert "stalwart_job_owner" in indexes(found[0])
+
+
+def test_the_latest_ticks_and_the_waiting_queues_are_loose_index_scans(big_table):
+    statements = statements_for(connection)
+    latest, found = plans(lambda c: ticks.last_runs("default"))
+    runs = [node for node in nodes(found[0]) if node.get("Relation Name")]
+    assert runs
+    assert all(node["Node Type"] != "Seq Scan" for node in runs)
+    assert {node.get("Index Name") for node in runs} == {"stalwart_recurring_run_once"}
+    assert sorted(latest) == [f"tick-{n}" for n in range(5)]
+    waiting, found = plans(statements.waiting_queues)
+    assert waiting == ["bulk", "default", "mail", "reports"]
+    assert indexes(found[0]) >= {"stalwart_job_claim_queue", "stalwart_job_waiting_queue"}
+    assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(found[0]))
+
+
+def test_the_job_table_is_vacuumed_after_500_changes_plus_one_percent(vendor):
+    """The autovacuum settings that keep the claim indexes' heads clean (migration 0001;
+    ``benchmarks/plans.py --accumulate`` shows their effect)."""
+    if vendor != "postgresql":
+        pytest.skip("autovacuum is PostgreSQL's")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT option_name, option_value FROM pg_class, pg_options_to_table(reloptions) "
+            "WHERE relname = 'stalwart_job'"
+        )
+        options = dict(cursor.fetchall())
+    for kind in ("vacuum", "vacuum_insert", "analyze"):
+        assert options[f"autovacuum_{kind}_scale_factor"] == "0.01"
+        assert options[f"autovacuum_{kind}_threshold"] == "500"
