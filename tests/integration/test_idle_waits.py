@@ -19,6 +19,7 @@ from stalwart.conf import DispatcherOptions, SchedulerOptions
 from stalwart.models import Job, RecurringRun
 from stalwart.processes.dispatcher import Dispatcher
 from stalwart.processes.scheduler import Scheduler
+from stalwart.processes.worker import LISTEN_WARM_UP
 from stalwart.recurring import read_recurring
 from tests.helpers import WorkerThread, make_worker, wait_for, worker_thread
 from tests.testapp import tasks
@@ -119,6 +120,8 @@ def test_a_listening_worker_waits_long_and_is_woken_by_an_enqueue(postgresql, ba
     worker = make_worker(poll_interval=None)
     with worker_thread(worker):
         wait_for(lambda: worker._listener and worker._listener.listening)
+        assert worker.poll_interval() == 1.0  # the first seconds of listening: short polls
+        worker._listener.listening_since -= LISTEN_WARM_UP  # as if listening for a while
         assert worker.poll_interval() == SLOW_POLL
         result = tasks.noop.enqueue()
         wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")

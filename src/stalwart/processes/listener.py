@@ -3,6 +3,7 @@ or a dispatcher when a scheduled job is due sooner than it planned to look."""
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 from django.db import connections
@@ -31,6 +32,7 @@ class Listener(threading.Thread):
         super().__init__(name="stalwart-listener", daemon=True)
         self.channel = channel
         self.listening = False
+        self.listening_since = 0.0  # time.monotonic() when LISTEN last took effect
         self.process = process
         self.database = database
         self.wants = wants
@@ -60,6 +62,7 @@ class Listener(threading.Thread):
                     with wrapper.cursor() as cursor:
                         cursor.execute(f"LISTEN {self.channel}")
                     outage.succeeded()
+                    self.listening_since = time.monotonic()
                     self.listening = True
                     self.wake()  # anything enqueued while we were not listening
                     raw = wrapper.connection
