@@ -1,4 +1,4 @@
-"""The benchmark's tasks: as cheap as a task can be."""
+"""The benchmark's tasks: as cheap as a task can be, and one that writes one row."""
 
 import time
 
@@ -14,3 +14,15 @@ def noop() -> None:
 def stamp() -> float:
     """Return the wall-clock time at which the job ran."""
     return time.time()
+
+
+def write_record() -> None:
+    """The body of the one-insert jobs, the same for Stalwart's and the bare worker's."""
+    from benchmarks.models import Record
+
+    Record.objects.create(value=1, note="written by a benchmark job")
+
+
+@task
+def insert_one() -> None:
+    write_record()

@@ -118,10 +118,16 @@ class StalwartBackend(BaseTaskBackend):
         )
         rows: list[NewJob] = []
         results: list[TaskResult] = []
+        # Whether a call binds depends only on its shape (how many positional arguments,
+        # which keyword names): the calls of one enqueue_many() are checked once per shape.
+        fitting: set[tuple[int, frozenset]] = set()
         for index, (args, kwargs) in enumerate(calls):
             try:
                 if signature is not None:
-                    check_call(task, signature, args, kwargs)
+                    shape = (len(args), frozenset(kwargs))
+                    if shape not in fitting:
+                        check_call(task, signature, args, kwargs)
+                        fitting.add(shape)
                 plain_args, plain_kwargs = normalize_arguments(args, kwargs)
                 encoded_args, encoded_kwargs = encode_arguments(plain_args, plain_kwargs, limit)
             except InvalidTask as error:

@@ -23,7 +23,8 @@ class WorkerOptions:
     queues: QueueSelector = field(default_factory=lambda: QueueSelector.parse("*"))
     threads: int = 5
     processes: int = 1
-    poll_interval: float | None = None  # None: 1 s with LISTEN/NOTIFY (PostgreSQL), 0.2 s else
+    # None: 30 s while listening (PostgreSQL's LISTEN/NOTIFY wakes it), 0.2 s else
+    poll_interval: float | None = None
     max_jobs: int | None = None  # recycle the process after this many jobs
     max_memory_mb: int | None = None  # recycle the process above this resident memory
 
@@ -34,13 +35,16 @@ class DispatcherOptions:
 
     polling_interval: float = 1.0  # seconds between looks for due scheduled jobs
     batch_size: int = 500  # jobs made ready per statement
+    # With LISTEN/NOTIFY: the longest wait for a notification or the next due job.
+    listen_timeout: float = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerOptions:
     """The scheduler process: turns recurring tasks into jobs."""
 
-    polling_interval: float = 1.0
+    # It wakes when its next tick is due, and looks at least this often whatever.
+    polling_interval: float = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +170,7 @@ def _read_dispatcher(values: Mapping[str, Any], where: str) -> DispatcherOptions
     dispatcher = DispatcherOptions(
         polling_interval=reader.number("polling_interval", 1.0, minimum=0.01, maximum=3600),
         batch_size=reader.whole("batch_size", 500, minimum=1, maximum=100_000),
+        listen_timeout=reader.number("listen_timeout", 30.0, minimum=0.01, maximum=3600),
     )
     reader.finish()
     return dispatcher
@@ -178,7 +183,7 @@ def _read_scheduler(values: Any, where: str) -> SchedulerOptions | None:
         values = {}
     reader = _Reader(values, where)
     scheduler = SchedulerOptions(
-        polling_interval=reader.number("polling_interval", 1.0, minimum=0.01, maximum=3600),
+        polling_interval=reader.number("polling_interval", 30.0, minimum=0.01, maximum=3600),
     )
     reader.finish()
     return scheduler

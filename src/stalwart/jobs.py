@@ -334,6 +334,27 @@ class JobStore:
         self.unblock(keys)
         return promoted
 
+    def next_due(self) -> tuple[float, float | None]:
+        """The database clock now, and when the earliest scheduled job is due (None: none),
+        in seconds since the epoch (PostgreSQL)."""
+
+        def run() -> tuple[float, float | None]:
+            with self.connection.cursor() as cursor:
+                return self.statements.next_due(cursor)
+
+        return retry_transient(self.database, run, what="next_due")
+
+    def notify_scheduled(self, *, due_in: float) -> None:
+        """Tell dispatchers a job is due ``due_in`` seconds from now (a retry written)."""
+        if not self.notify or self.vendor != "postgresql":
+            return
+
+        def run() -> None:
+            with self.connection.cursor() as cursor:
+                self.statements.notify_scheduled(cursor, due_in=due_in)
+
+        retry_transient(self.database, run, what="notify")
+
     def unblock(self, keys: Sequence[str], *, limit: int | None = None) -> int:
         """Hand out the free slots of these concurrency keys.
 

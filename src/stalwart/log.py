@@ -71,6 +71,7 @@ _LEVELS = {
     "heartbeat_recovered": logging.INFO,
     "listener_failed": logging.WARNING,
     "listener_recovered": logging.INFO,
+    "notify_failed": logging.WARNING,
     "process_stalled": logging.ERROR,
     "process_reregistered": logging.WARNING,
     "signal_receiver_failed": logging.ERROR,

@@ -387,3 +387,11 @@ def cancels_itself() -> None:
     from stalwart.exceptions import JobCancelled
 
     raise JobCancelled("nothing left to do")
+
+
+@stalwart.task(takes_context=True, max_attempts=2, backoff=1.5)
+def fails_once_then_waits(context: TaskContext) -> int:
+    """Fails its first attempt; the retry is due 1.5 seconds later."""
+    if context.attempt == 1:
+        raise ConnectionError("first attempt failed")
+    return context.attempt

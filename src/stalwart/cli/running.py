@@ -51,7 +51,7 @@ def _work_arguments(parser: argparse.ArgumentParser) -> None:
         "--poll-interval",
         type=poll_seconds,
         help="Seconds between polls when idle (default: OPTIONS['workers'][0]['poll_interval'], "
-        "else 1 with PostgreSQL LISTEN/NOTIFY and 0.2 otherwise).",
+        "else 30 while listening with PostgreSQL LISTEN/NOTIFY and 0.2 otherwise).",
     )
     parser.add_argument(
         "--shutdown-timeout",

@@ -458,6 +458,16 @@ class Statements:
 
     # -- the process table -----------------------------------------------------------------
 
+    def notify_scheduled(
+        self, cursor: Any, *, due_in: float | None = None, due_at: Any = None
+    ) -> None:
+        """Tell dispatchers a scheduled job is due (only where they listen: PostgreSQL)."""
+
+    def next_due(self, cursor: Any) -> tuple[float, float | None]:
+        """The database clock now and the earliest scheduled job's due time, in epoch
+        seconds (only where dispatchers listen: PostgreSQL)."""
+        raise NotImplementedError
+
     def ago_sql(self) -> str:
         """SQL for "the database clock minus %s seconds"."""
         raise NotImplementedError

@@ -1,7 +1,9 @@
-"""LISTEN/NOTIFY (PostgreSQL): wake an idle worker the moment a job for its queues commits."""
+"""LISTEN/NOTIFY (PostgreSQL): wake an idle worker the moment a job for its queues commits,
+or a dispatcher when a scheduled job is due sooner than it planned to look."""
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 from django.db import connections
@@ -13,8 +15,8 @@ from stalwart.processes.outage import Outage
 class Listener(threading.Thread):
     """Holds its own connection in LISTEN and calls ``wake`` for relevant notifications.
 
-    Polling stays the fallback: a lost connection only delays pick-up to the poll interval,
-    and is re-established with backoff.
+    Polling stays the fallback: while ``listening`` is False (not yet, or the connection was
+    lost and is being re-established with backoff), the role polls at its short interval.
     """
 
     def __init__(
@@ -22,10 +24,15 @@ class Listener(threading.Thread):
         database: str,
         wants: Callable[[str], bool],
         wake: Callable[[], None],
+        *,
         session: Callable[[], None] | None = None,
         process: str = "",
+        channel: str = CHANNEL,
     ) -> None:
         super().__init__(name="stalwart-listener", daemon=True)
+        self.channel = channel
+        self.listening = False
+        self.listening_since = 0.0  # time.monotonic() when LISTEN last took effect
         self.process = process
         self.database = database
         self.wants = wants
@@ -53,8 +60,10 @@ class Listener(threading.Thread):
                 try:
                     wrapper.ensure_connection()
                     with wrapper.cursor() as cursor:
-                        cursor.execute(f"LISTEN {CHANNEL}")
+                        cursor.execute(f"LISTEN {self.channel}")
                     outage.succeeded()
+                    self.listening_since = time.monotonic()
+                    self.listening = True
                     self.wake()  # anything enqueued while we were not listening
                     raw = wrapper.connection
                     while not self._stopped.is_set():
@@ -62,6 +71,8 @@ class Listener(threading.Thread):
                             if self.wants(notification.payload):
                                 self.wake()
                 except Exception as error:  # noqa: BLE001 - any failure: reconnect later, poll
+                    self.listening = False
+                    self.wake()  # so the role goes back to its short poll at once
                     delay = outage.failed(error)
                     with contextlib.suppress(Exception):  # a dead connection may not close well
                         wrapper.close()

@@ -114,6 +114,7 @@ class OutcomeWriter:
         self.unwritten = deferred
         self._report_deferred(deferred)
         self._report(settled, written)
+        self._announce_retries(settled, written)
         if claim is not None and not combined:
             hold(self._claim(owner, claim))  # after the report: written outcomes are settled
         return settled
@@ -210,6 +211,24 @@ class OutcomeWriter:
             paused=claim.paused,
             isolated_first=claim.isolated_first,
         )
+
+    def _announce_retries(self, settled: list[Finished], written: dict) -> None:
+        """Wake the dispatchers for the earliest retry just written: one that sleeps until
+        its next due job would otherwise find this one late. Best effort: a dispatcher that
+        misses it finds the retry at its next look."""
+        delays = [
+            item.retry_in
+            for item in settled
+            if item.job.id in written
+            and item.outcome.status == JobStatus.SCHEDULED
+            and item.retry_in is not None
+        ]
+        if not delays:
+            return
+        try:
+            self.store.notify_scheduled(due_in=min(delays))
+        except Exception as error:  # noqa: BLE001 - the outcomes are written: nothing to undo
+            events.emit("notify_failed", process=self.process, error=str(error))
 
     def _report_deferred(self, deferred: list[Finished]) -> None:
         for item in deferred:

@@ -56,12 +56,16 @@ class JobPool:
         return self.size - self._busy
 
     def submit(self, job: ClaimedJob) -> None:
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[ClaimedJob]) -> None:
+        """Hand over jobs claimed together: one lock, one notify for them all."""
         with self._lock:
-            if self._busy >= self.size:
-                raise RuntimeError("JobPool.submit() called with no idle thread")
-            self._busy += 1
-            self._inbox.append(job)
-            self._lock.notify()
+            if self._busy + len(jobs) > self.size:
+                raise RuntimeError("JobPool.submit_all() called with too few idle threads")
+            self._busy += len(jobs)
+            self._inbox.extend(jobs)
+            self._lock.notify(len(jobs))
 
     def withdraw_unstarted(self) -> list[ClaimedJob]:
         """Take back the jobs no thread has started: they will not run here."""

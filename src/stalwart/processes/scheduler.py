@@ -4,6 +4,9 @@ Each poll reads the database clock and the latest tick enqueued per key, asks ea
 task which ticks are due (computed from the previous tick, never from the wall clock, so
 nothing drifts), and enqueues them through ``stalwart.ticks``. Run as many schedulers as you
 like: the unique ``(key, run_at)`` record makes each tick happen once.
+
+Between polls it sleeps until the next tick of any entry is due, by the database clock it
+read at the poll (a hair after, never before), and never longer than ``polling_interval``.
 """
 
 import time
@@ -18,6 +21,10 @@ from stalwart.exceptions import TaskNotFound
 from stalwart.processes.base import FAILED, Role
 from stalwart.ticks import check_entry, database_now, enqueue_tick, last_runs
 
+# Woken a little after a tick is due rather than before (this host's monotonic clock and the
+# database's may tick a hair apart): a poll just before the tick would find nothing due.
+TICK_MARGIN = 0.005
+
 
 class Scheduler(Role):
     kind = "scheduler"
@@ -27,6 +34,7 @@ class Scheduler(Role):
         self.scheduler = scheduler
         self.started_at: datetime | None = None
         self.broken: dict[str, str] = {}  # key -> why its task cannot be enqueued
+        self.next_tick_in: float | None = None  # seconds from the last poll to the next tick
 
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata(), "recurring": [entry.key for entry in self.config.recurring]}
@@ -41,15 +49,18 @@ class Scheduler(Role):
             started = time.monotonic()
             if self.step(self.tick) is FAILED:
                 continue  # the step has waited its backoff
-            elapsed = time.monotonic() - started
-            self.pause(max(self.scheduler.polling_interval - elapsed, 0))
+            wait = self.scheduler.polling_interval
+            if self.next_tick_in is not None:
+                wait = min(wait, self.next_tick_in + TICK_MARGIN)
+            self.pause(max(wait - (time.monotonic() - started), 0))
 
     def mark_broken(self, key: str, problem: str) -> None:
         self.broken[key] = problem
         events.emit("recurring_task_invalid", key=key, error=problem)
 
     def tick(self) -> None:
-        """Enqueue every tick that is due now."""
+        """Enqueue every tick that is due now; note when the next one is."""
+        self.next_tick_in = None
         if not self.config.recurring:
             return
         now = database_now(self.database)
@@ -76,3 +87,9 @@ class Scheduler(Role):
                         run_at=run_at.isoformat(),
                         job=result.id,
                     )
+        upcoming = [
+            entry.next_after(now) for entry in self.config.recurring if entry.key not in self.broken
+        ]
+        upcoming = [moment for moment in upcoming if moment is not None]
+        if upcoming:
+            self.next_tick_in = max((min(upcoming) - now).total_seconds(), 0.0)

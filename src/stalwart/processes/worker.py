@@ -47,6 +47,15 @@ from stalwart.resolution import resolve_task
 
 PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
 MEMORY_CHECK_INTERVAL = 1.0  # seconds between looks at the resident memory
+# Seconds between reads of the paused queues (and of isolated jobs waiting), while claiming.
+PAUSE_CHECK_INTERVAL = 1.0
+# Idle, with LISTEN/NOTIFY heard: a notification wakes the worker, and it looks anyway this
+# often (default poll_interval). Without it: SHORT_POLL (or LISTENER_DOWN_POLL while the
+# listener reconnects, or while a queue it serves is paused: a resume notifies nobody).
+NOTIFIED_POLL = 30.0
+LISTENER_DOWN_POLL = 1.0
+LISTEN_WARM_UP = 10.0  # seconds of LISTENER_DOWN_POLL after the listener starts listening
+SHORT_POLL = 0.2
 # After a job finishes, how long the main loop waits for the jobs still running to finish
 # too, so that their outcomes share one write and their threads one claim.
 GATHER_WINDOW = 0.002
@@ -95,6 +104,11 @@ class Worker(Role):
         self._next_reconcile = 0.0
         self._next_memory_check = 0.0
         self._next_pause_check = 0.0
+        # Whether the next round claims: woken (a notification, a job finished, a signal),
+        # or the poll is due. A round that only keeps time (reconcile, timeouts, memory,
+        # chores) asks the database nothing else.
+        self._look = True
+        self._next_poll = 0.0
         self.deadlines: dict[Any, tuple[float, float]] = {}  # job id -> (deadline, timeout)
         self.timed_out: dict[Any, float] = {}  # job id -> its timeout
         from stalwart.backend import StalwartBackend
@@ -138,7 +152,35 @@ class Worker(Role):
     def poll_interval(self) -> float:
         if self.worker.poll_interval is not None:
             return self.worker.poll_interval
-        return 1.0 if self._listener is not None else 0.2
+        if self._listener is None:
+            return SHORT_POLL
+        if (
+            not self._listener.listening
+            # Just (re)started listening: a wake-up can still go missing around the start
+            # (seen once in several runs, cause not found), so poll often for a while.
+            or time.monotonic() - self._listener.listening_since < LISTEN_WARM_UP
+            or self.outcomes.unwritten  # waiting on another transaction: tried again soon
+            or any(self.selector.serves(name) for name in self._paused)
+        ):
+            return LISTENER_DOWN_POLL
+        return NOTIFIED_POLL
+
+    def _wait_time(self) -> float:
+        """Seconds until the loop has something to do unasked: poll, reconcile, promote,
+        a job's timeout, a look at the memory."""
+        now = time.monotonic()
+        moments = [self._next_poll, self._next_reconcile]
+        if self.promote_scheduled:
+            moments.append(self._next_promotion)
+        if self.worker.max_memory_mb is not None:
+            moments.append(self._next_memory_check)
+        moments.extend(
+            deadline
+            for job_id, (deadline, _) in self.deadlines.items()
+            if job_id not in self.timed_out
+        )
+        # A hair past a deadline, so that the round that follows finds it passed.
+        return max(min(moments) - now + 0.001, 0.0)
 
     def main(self) -> None:
         if self.config.listen_notify and connections[self.database].vendor == "postgresql":
@@ -152,16 +194,20 @@ class Worker(Role):
             )
             self._listener.start()
         self.pool.start()
-        poll = self.poll_interval()
         try:
             while not self.stop_requested:
                 # The database away: outcomes wait, the loop backs off and carries on.
                 more = self.step(self._tick)
                 if more is None:
                     break
-                if more is not FAILED and not more:
-                    self.pause(poll)
+                if more is FAILED:
+                    # The backoff may have swallowed a wake-up (a notification, a finished
+                    # job): the next round looks, whatever failed in this one.
+                    self._look = True
+                elif not more:
+                    woken = self.pause(self._wait_time())
                     self._gather()
+                    self._look = woken or time.monotonic() >= self._next_poll
         except BaseException:
             self.exit_status = EXIT_CRASHED
             self.immediate = True  # no drain: give back what we hold and go
@@ -181,6 +227,9 @@ class Worker(Role):
         if now >= self._next_reconcile:
             self._next_reconcile = now + self.config.heartbeat_interval
             self._reconcile()
+            # Idle, it claims nothing, but says in its heartbeat which pauses it honours,
+            # and polls often while a queue it serves is paused.
+            self._paused = paused_queues(database=self.database)
         if self.chores is not None:
             self.chores.run_due(exclude=self.registration.id)
         if self._recycle_due() or self._check_timeouts():
@@ -188,12 +237,15 @@ class Worker(Role):
             self.exit_status = EXIT_RECYCLE
             self.request_stop()
             return None
+        if not (self._look or self.pool.finished or self._not_run or self.outcomes.unwritten):
+            return False  # a round that keeps time: nothing to claim for, nothing to write
+        self._look = True  # until this round has claimed: a failed one looks again
         if now >= self._next_pause_check:
             self._paused = paused_queues(database=self.database)
             self._isolated_waiting = self.store.isolated_waiting(
                 selector=self.selector, paused=self._paused
             )
-            self._next_pause_check = now + self.poll_interval()
+            self._next_pause_check = now + PAUSE_CHECK_INTERVAL
         idle = self.pool.idle
         alone = self.pool.busy == 0
         if not alone and (self._isolated_waiting or self._running_isolated()):
@@ -205,6 +257,7 @@ class Worker(Role):
         claimed = self.flush(claim=idle, isolated_first=alone and self._isolated_waiting)
         if alone and self._isolated_waiting and not any(job.isolated for job in claimed):
             self._isolated_waiting = False  # none was left for us: back to ordinary claims
+        self._next_poll = now + self.poll_interval()
         self._show_state()
         if self.stop_when_empty and not claimed and not self.held and self._drained():
             return None
@@ -367,8 +420,7 @@ class Worker(Role):
             timeout = task_timeout(job.task_path)
             if timeout is not None:
                 self.deadlines[job.id] = (started + timeout, timeout)
-        for job in runnable:
-            self.pool.submit(job)
+        self.pool.submit_all(runnable)
 
     def _write_timeouts(self) -> None:
         """Fail (or retry) the attempts that ran past their timeout: last, just before exit.

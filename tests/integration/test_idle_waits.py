@@ -1,0 +1,167 @@
+"""Idle roles wait for what wakes them, not on a clock: a dispatcher sleeps until its next
+due job or a notification of a sooner one, a scheduler until its next tick, and a worker
+that hears no notifications still polls.
+
+The dispatchers here poll every 30 s: any job they make ready within a second or two of its
+time was found by the wait on its due time, or by a notification.
+"""
+
+import time
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from stalwart import control
+from stalwart.conf import DispatcherOptions, SchedulerOptions
+from stalwart.models import Job, RecurringRun
+from stalwart.processes.dispatcher import Dispatcher
+from stalwart.processes.scheduler import Scheduler
+from stalwart.processes.worker import LISTEN_WARM_UP
+from stalwart.recurring import read_recurring
+from tests.helpers import WorkerThread, make_worker, wait_for, worker_thread
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SLOW_POLL = 30.0
+# How late a delayed job may be made ready: far less than SLOW_POLL, with room for a
+# loaded machine.
+LATE_BY_AT_MOST = 5.0
+
+
+@pytest.fixture
+def postgresql(vendor):
+    if vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's (on SQLite, idle roles poll)")
+
+
+def dispatcher(backend) -> Dispatcher:
+    return Dispatcher(
+        config=backend.config,
+        dispatcher=DispatcherOptions(polling_interval=SLOW_POLL, listen_timeout=SLOW_POLL),
+    )
+
+
+def asleep(role: Dispatcher) -> bool:
+    """The dispatcher hears notifications, and has planned its next look."""
+    return role._listening() and role._look_at != float("inf")
+
+
+def status(result) -> str:
+    return Job.objects.get(id=result.id).status
+
+
+def test_a_dispatcher_wakes_when_its_next_scheduled_job_is_due(postgresql, backend):
+    result = tasks.noop.using(run_after=timezone.now() + timedelta(seconds=2)).enqueue()
+    due = time.monotonic() + 2
+    running = WorkerThread(dispatcher(backend)).start()
+    try:
+        wait_for(lambda: asleep(running.worker), message="the dispatcher to go to sleep")
+        assert status(result) == "scheduled"
+        wait_for(
+            lambda: status(result) == "ready",
+            timeout=due + LATE_BY_AT_MOST - time.monotonic(),
+            message="the job to be made ready at its time",
+        )
+    finally:
+        running.worker.request_stop()
+        running.join(10)
+
+
+def test_a_scheduled_job_due_sooner_wakes_a_sleeping_dispatcher(postgresql, backend):
+    later = tasks.noop.using(run_after=timezone.now() + timedelta(minutes=10)).enqueue()
+    running = WorkerThread(dispatcher(backend)).start()
+    try:
+        wait_for(lambda: asleep(running.worker), message="the dispatcher to go to sleep")
+        sooner = tasks.noop.using(run_after=timezone.now() + timedelta(seconds=0.5)).enqueue()
+        due = time.monotonic() + 0.5
+        wait_for(
+            lambda: status(sooner) == "ready",
+            timeout=due + LATE_BY_AT_MOST - time.monotonic(),
+            message="the sooner job to be made ready at its time",
+        )
+        assert status(later) == "scheduled"
+    finally:
+        running.worker.request_stop()
+        running.join(10)
+
+
+def test_a_retry_written_by_a_worker_wakes_a_sleeping_dispatcher(postgresql, backend):
+    running = WorkerThread(dispatcher(backend)).start()
+    try:
+        wait_for(lambda: asleep(running.worker), message="the dispatcher to go to sleep")
+        with worker_thread(threads=1):
+            result = tasks.fails_once_then_waits.enqueue()
+            wait_for(lambda: status(result) == "scheduled", message="the retry to be written")
+            due = time.monotonic() + 1.5
+            wait_for(
+                lambda: status(result) == "successful",
+                timeout=due + LATE_BY_AT_MOST - time.monotonic(),
+                message="the retry to run at its time",
+            )
+    finally:
+        running.worker.request_stop()
+        running.join(10)
+
+
+def test_a_worker_that_hears_no_notifications_polls(backend):
+    config = replace(backend.config, listen_notify=False)
+    worker = make_worker(config=config, poll_interval=None)
+    assert worker.poll_interval() <= 1.0
+    with worker_thread(worker):
+        result = tasks.noop.enqueue()
+        wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")
+
+
+def test_a_listening_worker_waits_long_and_is_woken_by_an_enqueue(postgresql, backend):
+    worker = make_worker(poll_interval=None)
+    with worker_thread(worker):
+        wait_for(lambda: worker._listener and worker._listener.listening)
+        assert worker.poll_interval() == 1.0  # the first seconds of listening: short polls
+        worker._listener.listening_since -= LISTEN_WARM_UP  # as if listening for a while
+        assert worker.poll_interval() == SLOW_POLL
+        result = tasks.noop.enqueue()
+        wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")
+
+
+def test_a_worker_serving_a_paused_queue_polls_for_its_resume(postgresql, backend):
+    """A resume notifies nobody: a worker that knows a queue it serves is paused keeps
+    looking every second, so the queue's jobs run soon after it is resumed."""
+    control.pause("default")
+    worker = make_worker(poll_interval=None)
+    try:
+        with worker_thread(worker):
+            result = tasks.noop.enqueue()
+            wait_for(lambda: "default" in worker._paused, message="the worker to see the pause")
+            assert worker.poll_interval() <= 1.0
+            assert status(result) == "ready"
+            control.resume("default")
+            wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")
+    finally:
+        control.resume("default")
+
+
+def test_a_scheduler_wakes_for_each_tick_whatever_its_polling_interval(backend):
+    recurring = read_recurring(
+        {"tick": {"task": "tests.testapp.tasks.noop", "schedule": "* * * * * *"}},
+        "recurring",
+        "UTC",
+    )
+    scheduler = Scheduler(
+        config=replace(backend.config, recurring=recurring),
+        scheduler=SchedulerOptions(polling_interval=SLOW_POLL),
+    )
+    running = WorkerThread(scheduler).start()
+    try:
+        wait_for(
+            lambda: RecurringRun.objects.filter(key="tick").count() >= 3,
+            timeout=8,
+            message="three ticks, a second apart",
+        )
+    finally:
+        scheduler.request_stop()
+        running.join(10)
+    connections.close_all()
