@@ -790,16 +790,16 @@ class Statements:
         of blocked jobs."""
         cursor.execute(
             """
-            WITH RECURSIVE blocked_key(concurrency_key) AS (
+            WITH RECURSIVE blocked_key(key) AS (
                 SELECT min(concurrency_key) FROM stalwart_job
                 WHERE status = 'blocked' AND concurrency_key > %s
                 UNION ALL
                 SELECT (SELECT min(later.concurrency_key) FROM stalwart_job AS later
                         WHERE later.status = 'blocked'
-                          AND later.concurrency_key > blocked_key.concurrency_key)
-                FROM blocked_key WHERE blocked_key.concurrency_key IS NOT NULL
+                          AND later.concurrency_key > blocked_key.key)
+                FROM blocked_key WHERE blocked_key.key IS NOT NULL
             )
-            SELECT concurrency_key FROM blocked_key WHERE concurrency_key IS NOT NULL LIMIT %s
+            SELECT key FROM blocked_key WHERE key IS NOT NULL LIMIT %s
             """,
             ["" if after is None else after, limit],
         )

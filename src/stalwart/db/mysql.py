@@ -41,7 +41,6 @@ from django.db import IntegrityError, transaction
 
 from stalwart.db.base import (
     _CANCELLABLE,
-    _NO_WAITING_TWIN,
     CLAIM_COLUMNS,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
@@ -85,6 +84,21 @@ _BLOCKED_HEAD = (
     "(SELECT id FROM stalwart_job WHERE status = 'blocked' AND concurrency_key = %s "
     "ORDER BY priority DESC, available_at, id LIMIT %s FOR UPDATE SKIP LOCKED)"
 )
+
+
+# ``Statements``' twin check (see ``_NO_WAITING_TWIN`` in base), as MySQL runs it fast: a job
+# without a key is let through before any subquery (MariaDB otherwise walks every job of the
+# candidate's status for each one: 22 s for a batch of 500 among 200,000 jobs, against 10 ms),
+# and the twin that holds the key is one look-up of the ``unique_holder`` unique index.
+_NO_WAITING_TWIN = """
+    AND (candidate.unique_key IS NULL OR (
+        NOT EXISTS (
+            SELECT 1 FROM stalwart_job AS twin
+            WHERE twin.unique_holder = candidate.unique_key AND twin.id <> candidate.id)
+        AND NOT EXISTS (
+            SELECT 1 FROM stalwart_job AS sibling
+            WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
+              AND sibling.status = candidate.status)))"""
 
 
 def _in(values: Sequence) -> str:
@@ -570,24 +584,37 @@ class MySQLStatements(Statements):
             list(keys),
         )
 
-    def last_ticks(self, cursor: Any) -> list[tuple[str, Any]]:
-        # As on PostgreSQL (one descent of the (key, run_at) unique index per key), with
-        # ``key`` quoted: a reserved word here.
+    # The loose index scans PostgreSQL writes as recursive CTEs are built into MySQL and
+    # MariaDB: a DISTINCT or GROUP BY on an index prefix reads one entry per group ("Using
+    # index for group-by"). A recursive CTE would not do here: MariaDB stops one after 1,000
+    # iterations (``max_recursive_iterations``, MySQL's ``cte_max_recursion_depth``), and its
+    # correlated ``min()`` scans the whole status range for each key instead of descending.
+
+    def blocked_keys(
+        self, cursor: Any, *, after: str | None = None, limit: int = 1000
+    ) -> list[str]:
+        # One descent of ``stalwart_job_slot_holders`` (or ``_blocked``) per key.
         cursor.execute(
-            """
-            WITH RECURSIVE tick_key(name) AS (
-                SELECT min(`key`) FROM stalwart_recurring_run
-                UNION ALL
-                SELECT (SELECT min(later.`key`) FROM stalwart_recurring_run AS later
-                        WHERE later.`key` > tick_key.name)
-                FROM tick_key WHERE tick_key.name IS NOT NULL
-            )
-            SELECT tick_key.name, (
-                SELECT max(tick.run_at) FROM stalwart_recurring_run AS tick
-                WHERE tick.`key` = tick_key.name)
-            FROM tick_key WHERE tick_key.name IS NOT NULL
-            """
+            "SELECT DISTINCT concurrency_key FROM stalwart_job "
+            "WHERE status = 'blocked' AND concurrency_key > %s "
+            "ORDER BY concurrency_key LIMIT %s",
+            ["" if after is None else after, limit],
         )
+        return [row[0] for row in cursor.fetchall()]
+
+    def waiting_queues(self, cursor: Any) -> list[str]:
+        # One descent per (state, queue) of an index on (status, queue_name, …); on MySQL
+        # ``stalwart_job_waiting_queue`` and its like hold every state.
+        cursor.execute(
+            "SELECT DISTINCT status, queue_name FROM stalwart_job "
+            f"WHERE status IN ({_in(_WAITING)})",
+            list(_WAITING),
+        )
+        return sorted({row[1] for row in cursor.fetchall()})
+
+    def last_ticks(self, cursor: Any) -> list[tuple[str, Any]]:
+        # One descent of the (key, run_at) unique index per key.
+        cursor.execute("SELECT `key`, MAX(run_at) FROM stalwart_recurring_run GROUP BY `key`")
         return [tuple(row) for row in cursor.fetchall()]
 
     # -- bulk control ----------------------------------------------------------------------
@@ -650,6 +677,14 @@ class MySQLStatements(Statements):
                 ids,
             )
             return [(queue, key, self._uuid(job_id)) for queue, key, job_id in cursor.fetchall()]
+
+    def count_requeueable(self, cursor: Any, *, status: str, conditions: str, params: list) -> int:
+        cursor.execute(
+            f"SELECT count(*) FROM stalwart_job AS candidate "
+            f"WHERE status = %s {conditions} {_NO_WAITING_TWIN} {NO_LIVE_OWNER}",
+            [status, *params],
+        )
+        return cursor.fetchone()[0]
 
     def cancel_batch(
         self, cursor: Any, *, conditions: str, params: list, limit: int
