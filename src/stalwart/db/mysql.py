@@ -18,7 +18,7 @@ gaps between index entries, so a claim never blocks an enqueue, and two claims s
 other's rows. A locking read reads the newest committed row, so a job another worker has just
 claimed reads as ``running`` and is not picked again.
 
-Unique keys: MySQL has no partial unique index. Migration 0009 adds a generated column,
+Unique keys: MySQL has no partial unique index. Migration 0010 adds a generated column,
 ``unique_holder``, that is the job's unique key while it waits (or runs, for a job unique
 while running) and NULL otherwise, with a UNIQUE index on it: NULLs never collide, so the index
 is exactly PostgreSQL's partial one. Two enqueues of one key serialise on the index entry; the
