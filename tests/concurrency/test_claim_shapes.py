@@ -77,7 +77,7 @@ def test_each_claim_shape_takes_the_most_urgent_jobs_of_its_queues(selector, pau
 def test_finish_and_claim_on_every_queue_but_a_paused_one_takes_the_same_jobs(vendor):
     store = JobStore("default")
     if not store.statements.can_finish_and_claim:
-        pytest.skip("SQLite writes outcomes and claims in separate statements")
+        pytest.skip("only PostgreSQL writes outcomes and claims in one statement")
     fill()
     wanted = expected({"alpha", "beta", "alphabet"}, 5)
     _, claimed = store.finish_and_claim(
@@ -92,8 +92,15 @@ def test_finish_and_claim_on_every_queue_but_a_paused_one_takes_the_same_jobs(ve
 
 
 def test_a_claim_around_a_paused_queue_skips_a_locked_row_instead_of_waiting(vendor):
-    if vendor != "postgresql":
+    if vendor == "sqlite":
         pytest.skip("SQLite has no row locks: a writer waits for the database lock instead")
+    # A wait would raise, not return.
+    wait, reset = "SET lock_timeout = '2s'", "RESET lock_timeout"
+    if vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+            reset = f"SET SESSION innodb_lock_wait_timeout = {cursor.fetchone()[0]}"
+        wait = "SET SESSION innodb_lock_wait_timeout = 2"
     fill()
     first, second = expected({"alpha", "beta", "alphabet"}, 2)
     other = connections.create_connection("default")
@@ -102,13 +109,13 @@ def test_a_claim_around_a_paused_queue_skips_a_locked_row_instead_of_waiting(ven
         with other.cursor() as cursor:
             cursor.execute("SELECT id FROM stalwart_job WHERE id = %s FOR UPDATE", [first])
         with connection.cursor() as cursor:
-            cursor.execute("SET lock_timeout = '2s'")  # a wait would raise, not return
+            cursor.execute(wait)
         assert claim("*", 1, paused=["paused"]) == [second]
         other.rollback()
     finally:
         other.close()
         with connection.cursor() as cursor:
-            cursor.execute("RESET lock_timeout")
+            cursor.execute(reset)
     assert claim("*", 1, owner=2, paused=["paused"]) == [first]
 
 

@@ -267,3 +267,160 @@ def test_steps_that_wait_for_row_locks_take_them_in_id_order(step):
     assert locking, "no locking read of jobs"
     for sql in locking:
         assert re.search(r"ORDER BY id (LIMIT \d+ )?FOR UPDATE$", sql), sql
+
+
+# Ten thousand rows from a cross join of digits (MySQL has no generate_series, and MariaDB
+# stops a recursive CTE after 1,000 rows).
+_TEN_THOUSAND = (
+    "(SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d AS n FROM "
+    + " CROSS JOIN ".join(
+        f"(SELECT 0 AS d UNION ALL {' UNION ALL '.join(f'SELECT {i}' for i in range(1, 10))}) "
+        f"AS {name}"
+        for name in "abce"
+    )
+    + ") AS numbers"
+)
+
+
+@pytest.fixture
+def wide_table():
+    """43,000 jobs: 30,000 successful; 2,000 failed (half with a unique key); 10,000 blocked
+    over 500 keys; 1,000 ready over 4 queues. 5 recurring keys of 2,000 ticks each. Analyzed."""
+    # Failed jobs' ids are version 1 UUIDs whose time (first group) and node (last) are in
+    # different orders: MariaDB's UUID type sorts them by the node, Python by the time.
+    scrambled = (
+        "CONCAT(LPAD(HEX(n), 8, '0'), '-0000-1000-8000-', LPAD(HEX(MOD(n * 7919, 10007)), 12, '0'))"
+    )
+    shapes = [
+        ("UUID()", "successful", "NULL", "NULL", 10_000),
+        ("UUID()", "successful", "NULL", "NULL", 10_000),
+        ("UUID()", "successful", "NULL", "NULL", 10_000),
+        (scrambled, "failed", "NULL", "CASE WHEN MOD(n, 2) = 0 THEN CONCAT('u-', n) END", 2_000),
+        ("UUID()", "blocked", "CONCAT('k-', MOD(n, 500))", "NULL", 10_000),
+        ("UUID()", "ready", "NULL", "NULL", 1_000),
+    ]
+    with connection.cursor() as cursor:
+        for job_id, status, key, unique, count in shapes:
+            cursor.execute(
+                "INSERT INTO stalwart_job (id, task_path, backend, queue_name, priority, "
+                "status, args, kwargs, available_at, enqueued_at, attempt, max_attempts, "
+                "worker_ids, errors, concurrency_key, concurrency_limit, unique_key, "
+                "unique_while_running, isolated) "
+                f"SELECT {job_id}, 't', 'default', CONCAT('q-', MOD(n, 4)), 0, %s, '[]', '{{}}', "
+                "UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 1, 1, '[]', '[\"boom\"]', "
+                f"{key}, 1, {unique}, 0, 0 FROM {_TEN_THOUSAND} WHERE n < %s",
+                [status, count],
+            )
+        cursor.execute(
+            "INSERT INTO stalwart_recurring_run (`key`, run_at, job_id, created_at) "
+            "SELECT CONCAT('tick-', MOD(n, 5)), UTC_TIMESTAMP(6) - INTERVAL n MINUTE, UUID(), "
+            f"UTC_TIMESTAMP(6) FROM {_TEN_THOUSAND}"
+        )
+        for table in ("stalwart_job", "stalwart_recurring_run"):
+            cursor.execute(f"ANALYZE TABLE {table}")
+            cursor.fetchall()
+
+
+def sent(call) -> tuple[object, list[tuple[str, list]]]:
+    """Run ``call(cursor)`` in a transaction that is rolled back; its result, and the
+    statements it sent."""
+    statements: list[tuple[str, list]] = []
+
+    def record(execute, sql, params, many, context):
+        statements.append((sql, list(params or [])))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic(), connection.execute_wrapper(record):
+        with connection.cursor() as cursor:
+            result = call(cursor)
+        transaction.set_rollback(True)
+    return result, statements
+
+
+def explained(statements: list[tuple[str, list]], starts: str) -> list[list[dict]]:
+    return [plan(sql, params) for sql, params in statements if sql.lstrip().startswith(starts)]
+
+
+def test_keys_queues_and_ticks_are_listed_by_loose_index_scans(wide_table):
+    from stalwart import ticks
+    from stalwart.db import statements_for
+
+    statements = statements_for(connection)
+    keys, sql = sent(lambda cursor: statements.blocked_keys(cursor, after="k-1", limit=100))
+    assert keys == sorted(f"k-{n}" for n in range(500))[2:102]
+    queues, more = sent(statements.waiting_queues)
+    assert queues == ["q-0", "q-1", "q-2", "q-3"]
+    latest, most = sent(lambda cursor: ticks.last_runs("default"))
+    assert sorted(latest) == [f"tick-{n}" for n in range(5)]
+    # One index descent per group (MySQL's own loose index scan), not a read of every job.
+    for (row,) in explained(sql + more + most, "SELECT"):
+        assert "Using index for group-by" in (row["Extra"] or ""), row
+
+
+def test_the_slot_sweep_hands_out_each_keys_slot_reading_only_its_head(wide_table):
+    from stalwart.db import statements_for
+
+    statements = statements_for(connection)
+    Job.objects.filter(status="ready").delete()  # every key's slot is free
+    (handed_out, last), sql = sent(
+        lambda cursor: statements.unblock_sweep(cursor, after=None, limit=1000, notify=False)
+    )
+    assert (handed_out, last) == (500, "k-99")
+    # 500 keys: three statements (200 keys each at most), one index range per key.
+    chunks = explained(sql, "(SELECT id FROM stalwart_job")
+    assert len(chunks) == 3
+    heads = [row for chunk in chunks for row in chunk if row["table"] == "stalwart_job"]
+    assert {row["key"] for row in heads} == {"stalwart_job_blocked"}
+    assert not any("filesort" in (row["Extra"] or "") for row in heads)
+
+
+def test_a_retry_batch_reads_failed_jobs_by_id_and_twins_by_the_holder_index(wide_table):
+    from stalwart.db import statements_for
+
+    statements = statements_for(connection)
+    conditions, params = statements.selection_sql()
+    moved, sql = sent(
+        lambda cursor: statements.requeue_batch(
+            cursor,
+            status="failed",
+            conditions=conditions,
+            params=params,
+            limit=500,
+            grant_attempt=True,
+        )
+    )
+    assert len(moved) == 500
+    # The next batch goes on after the last one's last id.
+    with connection.cursor() as cursor:  # the last in the database's order of ids
+        cursor.execute(
+            f"SELECT max(id) FROM stalwart_job WHERE id IN ({', '.join(['%s'] * len(moved))})",
+            [job_id for _, _, job_id in moved],
+        )
+        after = cursor.fetchone()[0]
+    later, more = sent(
+        lambda cursor: statements.requeue_batch(
+            cursor,
+            status="failed",
+            conditions=conditions,
+            params=params,
+            limit=500,
+            grant_attempt=True,
+            after=after,
+        )
+    )
+    assert len(later) == 500
+    assert not {job_id for _, _, job_id in moved} & {job_id for _, _, job_id in later}
+    for chosen, *checks in explained(sql + more, "SELECT id FROM stalwart_job AS candidate"):
+        assert chosen["key"] == "stalwart_job_failed_id", chosen
+        assert "filesort" not in (chosen["Extra"] or ""), chosen
+        twin = next(row for row in checks if row["table"] == "twin")
+        assert twin["key"] == "stalwart_job_unique_waiting", twin
+
+
+def test_retrying_in_batches_moves_every_failed_job_whatever_the_uuid_order(wide_table):
+    # The failed jobs' ids sort one way in MariaDB's UUID type, another in Python: a batch
+    # goes on after an id of the last one, and none is left behind.
+    from stalwart.control import Selection, retry_failed
+
+    assert retry_failed(Selection(everything=True), batch_size=300) == 2_000
+    assert not Job.objects.filter(status="failed").exists()

@@ -18,7 +18,7 @@ gaps between index entries, so a claim never blocks an enqueue, and two claims s
 other's rows. A locking read reads the newest committed row, so a job another worker has just
 claimed reads as ``running`` and is not picked again.
 
-Unique keys: MySQL has no partial unique index. Migration 0009 adds a generated column,
+Unique keys: MySQL has no partial unique index. Migration 0010 adds a generated column,
 ``unique_holder``, that is the job's unique key while it waits (or runs, for a job unique
 while running) and NULL otherwise, with a UNIQUE index on it: NULLs never collide, so the index
 is exactly PostgreSQL's partial one. Two enqueues of one key serialise on the index entry; the
@@ -41,7 +41,6 @@ from django.db import IntegrityError, transaction
 
 from stalwart.db.base import (
     _CANCELLABLE,
-    _NO_WAITING_TWIN,
     CLAIM_COLUMNS,
     INSERT_COLUMNS,
     INSERT_CONSTANTS,
@@ -80,6 +79,26 @@ _ROW = (
 )
 _INSERT_INTO = f"INSERT INTO stalwart_job ({', '.join([*INSERT_COLUMNS, *INSERT_CONSTANTS])})"
 _CLAIM_SELECT = ", ".join(CLAIM_COLUMNS)
+# One key's most urgent blocked jobs (key, how many), locked: an arm of a UNION ALL.
+_BLOCKED_HEAD = (
+    "(SELECT id FROM stalwart_job WHERE status = 'blocked' AND concurrency_key = %s "
+    "ORDER BY priority DESC, available_at, id LIMIT %s FOR UPDATE SKIP LOCKED)"
+)
+
+
+# ``Statements``' twin check (see ``_NO_WAITING_TWIN`` in base), as MySQL runs it fast: a job
+# without a key is let through before any subquery (MariaDB otherwise walks every job of the
+# candidate's status for each one: 22 s for a batch of 500 among 200,000 jobs, against 10 ms),
+# and the twin that holds the key is one look-up of the ``unique_holder`` unique index.
+_NO_WAITING_TWIN = """
+    AND (candidate.unique_key IS NULL OR (
+        NOT EXISTS (
+            SELECT 1 FROM stalwart_job AS twin
+            WHERE twin.unique_holder = candidate.unique_key AND twin.id <> candidate.id)
+        AND NOT EXISTS (
+            SELECT 1 FROM stalwart_job AS sibling
+            WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
+              AND sibling.status = candidate.status)))"""
 
 
 def _in(values: Sequence) -> str:
@@ -498,6 +517,106 @@ class MySQLStatements(Statements):
             )
             return cursor.rowcount
 
+    def unblock_keys(self, cursor: Any, *, keys: Sequence[str], notify: bool) -> int:
+        # As on PostgreSQL (a few statements for all the keys, each key's row locked in key
+        # order first), but the jobs are picked by a locking read and then moved: no
+        # ``UPDATE … RETURNING``, no ``ON CONFLICT``, and ``key`` is a reserved word.
+        keys = sorted(set(keys))
+        if not keys:
+            return 0
+        with self._atomic():
+            cursor.execute(
+                f"SELECT `key` FROM stalwart_concurrency_key WHERE `key` IN ({_in(keys)})", keys
+            )
+            missing = sorted(set(keys) - {row[0] for row in cursor.fetchall()})
+            if missing:
+                self._add_concurrency_keys(cursor, missing)
+            cursor.execute(
+                "SELECT `key`, slot_limit FROM stalwart_concurrency_key "
+                f"WHERE `key` IN ({_in(keys)}) ORDER BY `key` FOR UPDATE",
+                keys,
+            )
+            limits = dict(cursor.fetchall())
+            expired, expired_params = self.slot_expired("stalwart_job")
+            cursor.execute(
+                "SELECT concurrency_key, count(*) FROM stalwart_job "
+                f"WHERE concurrency_key IN ({_in(keys)}) AND status IN ('ready', 'running') "
+                f"AND NOT (status = 'running' AND {expired}) GROUP BY concurrency_key",
+                [*keys, *expired_params],
+            )
+            holders = dict(cursor.fetchall())
+            free = {
+                key: limits[key] - holders.get(key, 0)
+                for key in keys
+                if limits.get(key, 0) - holders.get(key, 0) > 0
+            }
+            free_keys = sorted(free)
+            made_ready = 0
+            for start in range(0, len(free_keys), 200):
+                chunk = free_keys[start : start + 200]
+                # Each key's most urgent blocked jobs, as many as it has free slots: one
+                # descent of ``stalwart_job_blocked`` per key. SKIP LOCKED, as in ``unblock``:
+                # a blocked job another transaction inserts or moves is its own hand-out's.
+                arms = " UNION ALL ".join([_BLOCKED_HEAD] * len(chunk))
+                cursor.execute(arms, [value for key in chunk for value in (key, free[key])])
+                ids = self._ids(cursor.fetchall())
+                if not ids:
+                    continue
+                cursor.execute(
+                    "UPDATE stalwart_job SET status = 'ready' "
+                    f"WHERE id IN ({_in(ids)}) AND status = 'blocked'",
+                    ids,
+                )
+                made_ready += cursor.rowcount
+            return made_ready
+
+    def _add_concurrency_keys(self, cursor: Any, keys: Sequence[str]) -> None:
+        # A key another transaction has just given a row keeps it (the no-op update).
+        cursor.execute(
+            "INSERT INTO stalwart_concurrency_key (`key`, slot_limit, updated_at) "
+            f"SELECT newest.concurrency_key, newest.concurrency_limit, {NOW} FROM ("
+            "  SELECT concurrency_key, concurrency_limit, row_number() OVER ("
+            "    PARTITION BY concurrency_key ORDER BY id DESC) AS newest_first "
+            "  FROM stalwart_job WHERE status = 'blocked' AND concurrency_limit IS NOT NULL"
+            f"  AND concurrency_key IN ({_in(keys)})"
+            ") AS newest WHERE newest.newest_first = 1 ORDER BY newest.concurrency_key "
+            "ON DUPLICATE KEY UPDATE `key` = stalwart_concurrency_key.`key`",
+            list(keys),
+        )
+
+    # The loose index scans PostgreSQL writes as recursive CTEs are built into MySQL and
+    # MariaDB: a DISTINCT or GROUP BY on an index prefix reads one entry per group ("Using
+    # index for group-by"). A recursive CTE would not do here: MariaDB stops one after 1,000
+    # iterations (``max_recursive_iterations``, MySQL's ``cte_max_recursion_depth``), and its
+    # correlated ``min()`` scans the whole status range for each key instead of descending.
+
+    def blocked_keys(
+        self, cursor: Any, *, after: str | None = None, limit: int = 1000
+    ) -> list[str]:
+        # One descent of ``stalwart_job_slot_holders`` (or ``_blocked``) per key.
+        cursor.execute(
+            "SELECT DISTINCT concurrency_key FROM stalwart_job "
+            "WHERE status = 'blocked' AND concurrency_key > %s "
+            "ORDER BY concurrency_key LIMIT %s",
+            ["" if after is None else after, limit],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+    def waiting_queues(self, cursor: Any) -> list[str]:
+        # One descent per (state, queue) of an index on (status, queue_name, …); on MySQL
+        # ``stalwart_job_waiting_queue`` and its like hold every state.
+        cursor.execute(
+            "SELECT DISTINCT status, queue_name FROM stalwart_job "
+            f"WHERE status IN ({_in(_WAITING)})",
+            list(_WAITING),
+        )
+        return sorted({row[1] for row in cursor.fetchall()})
+
+    def last_ticks(self, cursor: Any) -> list[tuple[str, Any]]:
+        # One descent of the (key, run_at) unique index per key.
+        cursor.execute("SELECT `key`, MAX(run_at) FROM stalwart_recurring_run GROUP BY `key`")
+        return [tuple(row) for row in cursor.fetchall()]
+
     # -- bulk control ----------------------------------------------------------------------
 
     def _chosen(self, cursor: Any, where: str, params: list, limit: int) -> list:
@@ -525,7 +644,8 @@ class MySQLStatements(Statements):
         params: list,
         limit: int,
         grant_attempt: bool,
-    ) -> list[tuple[str, str | None]]:
+        after: Any = None,
+    ) -> list[tuple[str, str | None, Any]]:
         attempts = ""
         if grant_attempt:
             failed = self.error_count_sql("errors")
@@ -534,10 +654,12 @@ class MySQLStatements(Statements):
                 f"ELSE {failed} + 1 END"
             )
         with self._atomic():
+            # After the last batch's last id (a keyset): each candidate is read once.
             ids = self._chosen(
                 cursor,
-                f"status = %s {conditions} {_NO_WAITING_TWIN} {NO_LIVE_OWNER}",
-                [status, *params],
+                f"status = %s {'AND id > %s' if after is not None else ''} {conditions} "
+                f"{_NO_WAITING_TWIN} {NO_LIVE_OWNER}",
+                [status, *([self.uuid_param(after)] if after is not None else []), *params],
                 limit,
             )
             if not ids:
@@ -549,7 +671,20 @@ class MySQLStatements(Statements):
                 f"WHERE status = %s AND id IN ({_in(ids)})",
                 [status, *ids],
             )
-            return self._queues_and_keys(cursor, ids)
+            cursor.execute(
+                "SELECT queue_name, concurrency_key, id FROM stalwart_job "
+                f"WHERE id IN ({_in(ids)}) AND status IN ('ready', 'blocked')",
+                ids,
+            )
+            return [(queue, key, self._uuid(job_id)) for queue, key, job_id in cursor.fetchall()]
+
+    def count_requeueable(self, cursor: Any, *, status: str, conditions: str, params: list) -> int:
+        cursor.execute(
+            f"SELECT count(*) FROM stalwart_job AS candidate "
+            f"WHERE status = %s {conditions} {_NO_WAITING_TWIN} {NO_LIVE_OWNER}",
+            [status, *params],
+        )
+        return cursor.fetchone()[0]
 
     def cancel_batch(
         self, cursor: Any, *, conditions: str, params: list, limit: int
