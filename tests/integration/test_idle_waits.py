@@ -21,10 +21,11 @@ from stalwart.processes.dispatcher import Dispatcher
 from stalwart.processes.scheduler import Scheduler
 from stalwart.processes.worker import LISTEN_WARM_UP
 from stalwart.recurring import read_recurring
-from tests.helpers import WorkerThread, make_worker, wait_for, worker_thread
+from tests.helpers import DATABASES, WorkerThread, make_worker, wait_for, worker_thread
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# DATABASES: behind PgBouncer, roles LISTEN on the direct alias.
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 SLOW_POLL = 30.0
 # How late a delayed job may be made ready: far less than SLOW_POLL, with room for a
