@@ -90,6 +90,33 @@ def test_a_scheduled_job_due_sooner_wakes_a_sleeping_dispatcher(postgresql, back
         running.join(10)
 
 
+def test_a_job_that_comes_due_between_promotion_and_planning_is_promoted_at_once(
+    postgresql, backend, monkeypatch
+):
+    """A look promotes what is due by one reading of the database's clock and plans its
+    next look from another, an instant later. A job that comes due in between is due by the
+    plan, yet was not promoted: the dispatcher must look again at once, not take it for a
+    job it cannot promote and leave it for polling_interval (30 s here)."""
+    result = tasks.noop.using(run_after=timezone.now() + timedelta(minutes=10)).enqueue()
+    role = dispatcher(backend)
+    role._listener = type("Heard", (), {"listening": True})()  # as if LISTEN were up
+    promote = role.store.promote_due
+
+    def promote_then_come_due(**kwargs):
+        promoted = promote(**kwargs)
+        # The job comes due right after the promotion read the clock.
+        Job.objects.filter(id=result.id).update(available_at=timezone.now() - timedelta(0, 1))
+        return promoted
+
+    monkeypatch.setattr(role.store, "promote_due", promote_then_come_due)
+    wait = role._dispatch()
+    assert status(result) == "scheduled"
+    assert wait < 1.0, f"a job due by the plan waits {wait:.1f} s for the next look"
+    monkeypatch.setattr(role.store, "promote_due", promote)
+    role._dispatch()
+    assert status(result) == "ready"
+
+
 def test_a_retry_written_by_a_worker_wakes_a_sleeping_dispatcher(postgresql, backend):
     running = WorkerThread(dispatcher(backend)).start()
     try:

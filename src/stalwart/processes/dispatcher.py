@@ -34,6 +34,8 @@ class Dispatcher(Role):
         # When we plan to look next, in seconds since the epoch on the database's clock:
         # a notification of a job due before then wakes us.
         self._look_at = float("inf")
+        # The last look found a due job it had not promoted, and chose to look again at once.
+        self._recheck_due = False
 
     def metadata(self) -> dict:
         return {**super().metadata(), "polling_interval": self.dispatcher.polling_interval}
@@ -98,11 +100,20 @@ class Dispatcher(Role):
             return self.dispatcher.polling_interval  # notifications are not heard: poll
         now, due = self.store.next_due()
         wait = self.dispatcher.listen_timeout
+        recheck, self._recheck_due = self._recheck_due, False
         if due is not None:
-            # A due job we could not promote (still owned by a live process, or locked by
-            # another dispatcher) is looked at again after polling_interval.
             until_due = due - now
-            if until_due <= 0:
+            if until_due <= 0 and not recheck:
+                # Due by this reading of the clock, but not by the promotion's, an instant
+                # earlier (each statement reads the clock when it starts; a sleep cut short by
+                # the time the last look took ends a hair before a job is due): look again
+                # at once, once.
+                until_due = 0.0
+                self._recheck_due = True
+            elif until_due <= 0:
+                # Due, and still not promoted: it cannot be yet (still owned by a live
+                # process, or locked by another dispatcher). Look again after
+                # polling_interval.
                 until_due = self.dispatcher.polling_interval - DUE_MARGIN
             wait = min(wait, until_due + DUE_MARGIN)
         self._look_at = now + wait
