@@ -753,17 +753,43 @@ class Statements:
         )
         return cursor.fetchone()[0]
 
-    def unblock(self, cursor: Any, *, key: str, notify: bool, limit: int | None = None) -> int:
-        """Hand the key's free slots to its blocked jobs, most urgent first; return how many.
-
-        Call inside a transaction: the key's row stays locked until it ends.
-        """
+    def lock_free_slots(self, cursor: Any, *, key: str, limit: int | None) -> int:
+        """Lock the key's row (storing ``limit`` if given) and return how many of its slots
+        are free (zero or less: none)."""
         stored = self.lock_concurrency_key(cursor, key=key, limit=limit)
         if not stored:  # no row yet: the limit its jobs were enqueued with
             stored = self.lock_concurrency_key(
                 cursor, key=key, limit=self.job_limit(cursor, key=key) or 0
             )
-        free = stored - self.slot_holders(cursor, key=key)
+        return stored - self.slot_holders(cursor, key=key)
+
+    def free_slots(self, cursor: Any, limits: dict[str, int]) -> dict[str, int]:
+        """The free slots of the keys of ``limits`` (key: slot limit, rows locked by the
+        caller), for the keys that have any."""
+        keys = sorted(limits)
+        if not keys:
+            return {}
+        marks = ", ".join(["%s"] * len(keys))
+        expired, expired_params = self.slot_expired("stalwart_job")
+        cursor.execute(
+            "SELECT concurrency_key, count(*) FROM stalwart_job "
+            f"WHERE concurrency_key IN ({marks}) AND status IN ('ready', 'running') "
+            f"AND NOT (status = 'running' AND {expired}) GROUP BY concurrency_key",
+            [*keys, *expired_params],
+        )
+        holders = dict(cursor.fetchall())
+        return {
+            key: limits[key] - holders.get(key, 0)
+            for key in keys
+            if limits[key] - holders.get(key, 0) > 0
+        }
+
+    def unblock(self, cursor: Any, *, key: str, notify: bool, limit: int | None = None) -> int:
+        """Hand the key's free slots to its blocked jobs, most urgent first; return how many.
+
+        Call inside a transaction: the key's row stays locked until it ends.
+        """
+        free = self.lock_free_slots(cursor, key=key, limit=limit)
         if free <= 0:
             return 0
         cursor.execute(
@@ -850,20 +876,7 @@ class Statements:
             f"ORDER BY key {self.row_lock}",
             keys,
         )
-        limits = dict(cursor.fetchall())
-        expired, expired_params = self.slot_expired("stalwart_job")
-        cursor.execute(
-            "SELECT concurrency_key, count(*) FROM stalwart_job "
-            f"WHERE concurrency_key IN ({marks}) AND status IN ('ready', 'running') "
-            f"AND NOT (status = 'running' AND {expired}) GROUP BY concurrency_key",
-            [*keys, *expired_params],
-        )
-        holders = dict(cursor.fetchall())
-        free = {
-            key: limits[key] - holders.get(key, 0)
-            for key in keys
-            if limits.get(key, 0) - holders.get(key, 0) > 0
-        }
+        free = self.free_slots(cursor, dict(cursor.fetchall()))
         # Each key's most urgent blocked jobs, as many as it has free slots: one statement
         # per 200 keys (SQLite takes at most 500 arms in a compound SELECT).
         free_keys = sorted(free)

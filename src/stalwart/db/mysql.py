@@ -491,12 +491,7 @@ class MySQLStatements(Statements):
 
     def unblock(self, cursor: Any, *, key: str, notify: bool, limit: int | None = None) -> int:
         with self._atomic():
-            stored = self.lock_concurrency_key(cursor, key=key, limit=limit)
-            if not stored:  # no row yet: the limit its jobs were enqueued with
-                stored = self.lock_concurrency_key(
-                    cursor, key=key, limit=self.job_limit(cursor, key=key) or 0
-                )
-            free = stored - self.slot_holders(cursor, key=key)
+            free = self.lock_free_slots(cursor, key=key, limit=limit)
             if free <= 0:
                 return 0
             # SKIP LOCKED: a locking read would wait on a blocked job another transaction has
@@ -536,20 +531,7 @@ class MySQLStatements(Statements):
                 f"WHERE `key` IN ({_in(keys)}) ORDER BY `key` FOR UPDATE",
                 keys,
             )
-            limits = dict(cursor.fetchall())
-            expired, expired_params = self.slot_expired("stalwart_job")
-            cursor.execute(
-                "SELECT concurrency_key, count(*) FROM stalwart_job "
-                f"WHERE concurrency_key IN ({_in(keys)}) AND status IN ('ready', 'running') "
-                f"AND NOT (status = 'running' AND {expired}) GROUP BY concurrency_key",
-                [*keys, *expired_params],
-            )
-            holders = dict(cursor.fetchall())
-            free = {
-                key: limits[key] - holders.get(key, 0)
-                for key in keys
-                if limits.get(key, 0) - holders.get(key, 0) > 0
-            }
+            free = self.free_slots(cursor, dict(cursor.fetchall()))
             free_keys = sorted(free)
             made_ready = 0
             for start in range(0, len(free_keys), 200):
