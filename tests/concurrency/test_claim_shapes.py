@@ -143,9 +143,15 @@ def test_many_threads_claiming_around_a_paused_queue_get_disjoint_jobs(selector)
     assert not errors
     assert not any(thread.is_alive() for thread in threads)
     ids = [job_id for claimed in results.values() for job_id in claimed]
-    # Eight claims of 15: all 100 jobs of "alpha", or 120 of the 200 of "alpha*" and "*".
-    assert len(ids) == len(set(ids)) == (100 if selector == "alpha" else 8 * 15)
-    queues = set(Job.objects.filter(id__in=ids).values_list("queue_name", flat=True))
+    assert len(ids) == len(set(ids)), "a job was handed to two claims"
+    assert all(len(claimed) <= 15 for claimed in results.values())
+    # A claim around a paused queue locks the head of each queue it reads before it picks
+    # its 15, so claims at the same instant may come up short (see "Which index a claim
+    # reads" in docs/explanation/claim-protocol.md); what they leave is claimed next.
+    rest = claim(selector, 200, owner=9, paused=["paused"])
+    assert set(rest).isdisjoint(ids)
+    assert len(ids) + len(rest) == (100 if selector == "alpha" else 200)
+    queues = set(Job.objects.filter(id__in=ids + rest).values_list("queue_name", flat=True))
     assert "paused" not in queues
     for owner, claimed in results.items():
         assert set(Job.objects.filter(id__in=claimed).values_list("owner", flat=True)) <= {owner}
