@@ -149,6 +149,30 @@ def test_the_queues_sessions_carry_a_name_and_timeouts_the_applications_do_not(p
     assert seen["application"] == ("0",)  # set at connection: nothing leaks to other sessions
 
 
+@pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
+def test_a_forked_childs_sessions_carry_its_own_name_not_its_parents(postgresql):
+    """A child forked by the supervisor runs on the thread that forked it, with that thread's
+    connection wrapper: its sessions must be named for the child, not for the supervisor."""
+    from stalwart.db.session import bookkeeping
+
+    seen: list[str] = []
+
+    def bookkeeping_thread() -> None:
+        try:
+            for name in ("stalwart:supervisor:4241", "stalwart:worker:4242"):
+                bookkeeping("default", application_name=name, statement_timeout=1, lock_timeout=1)
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SELECT current_setting('application_name')")
+                    seen.append(cursor.fetchone()[0])
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=bookkeeping_thread)
+    thread.start()
+    thread.join(10)
+    assert seen == ["stalwart:supervisor:4241", "stalwart:worker:4242"]
+
+
 @pytest.mark.skipif(not PGBOUNCER, reason="needs PgBouncer (python -m tests.pgbouncer)")
 def test_behind_pgbouncer_the_queues_sessions_carry_their_name_and_nothing_it_refuses(
     postgresql, recorded_events

@@ -66,7 +66,11 @@ def bookkeeping(
         # thread; these must carry the parameters below, and never reach application code.
         if "connect_timeout" not in options:
             options["connect_timeout"] = max(2, connect_timeout or math.ceil(statement_timeout))
-        options.setdefault("application_name", application_name[:63])
+        # Ours, unless DATABASES names the sessions: never a name this thread's wrapper
+        # already carries, which in a forked child is its parent's (the child's main thread
+        # is the parent's, wrapper and all).
+        configured = (connections.settings[alias].get("OPTIONS") or {}).get("application_name")
+        options["application_name"] = (configured or application_name)[:63]
         # A copy: the dict is shared by every thread's wrapper of this alias.
         connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
         if pooled:
