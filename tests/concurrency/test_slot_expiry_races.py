@@ -26,7 +26,13 @@ EVERYTHING = QueueSelector.parse("*")
 
 class HeldRelease(threading.Thread):
     """Owner 31 gives its jobs back on its own connection, and waits, its transaction open,
-    before it hands on slots and commits (the two halves of ``Statements.release``)."""
+    before it hands on slots and commits (the two halves of ``Statements.release``).
+
+    Its waits are bounds against a hung test, not timings: on a loaded machine (the suite's
+    legs side by side) the main thread's sweep has taken more than ten seconds, so they are
+    generous. A sweep that really waited on this transaction would still exhaust them."""
+
+    PATIENCE = 60.0
 
     def __init__(self, jobs: list[tuple[uuid.UUID, int]]) -> None:
         super().__init__(daemon=True)
@@ -41,7 +47,9 @@ class HeldRelease(threading.Thread):
             with transaction.atomic(), connection.cursor() as cursor:
                 released = store.statements.release_rows(cursor, owner=31, jobs=self.jobs)
                 self.released_rows.set()
-                assert self.go_on.wait(10), "the test never let the release go on"
+                assert self.go_on.wait(self.PATIENCE), (
+                    f"the test never let the release go on ({self.PATIENCE:.0f} s)"
+                )
                 store.statements.hand_on_slots(cursor, released, notify=True)
         except BaseException as error:  # noqa: BLE001 - reported by finish()
             self.error = error
@@ -51,7 +59,7 @@ class HeldRelease(threading.Thread):
 
     def finish(self) -> None:
         self.go_on.set()
-        self.join(10)
+        self.join(self.PATIENCE)
         assert not self.is_alive(), "the release did not finish"
         if self.error:
             raise self.error
@@ -81,7 +89,7 @@ def test_a_release_racing_a_hand_out_of_its_expiring_slot_never_doubles_the_key(
 
     release = HeldRelease([(uuid.UUID(holder.id), 1)])
     release.start()
-    assert release.released_rows.wait(10)
+    assert release.released_rows.wait(HeldRelease.PATIENCE)
     try:
         # While the release is open, the slot expires, and the sweep hands it on.
         wait_for(lambda: database_now() > expiry, message="the slot to expire")
