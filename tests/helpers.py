@@ -9,6 +9,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -314,3 +315,42 @@ def row_locks(vendor: str, reason: str) -> None:
     """Skip unless the database has row locks (PostgreSQL, MySQL/MariaDB's InnoDB)."""
     if vendor not in ("postgresql", "mysql"):
         pytest.skip(reason)
+
+
+def _ten_outcomes() -> list:
+    from stalwart.db import Outcome
+
+    return [Outcome(id=uuid.uuid4(), attempt=1, status="successful") for _ in range(10)]
+
+
+# The statements that lock rows other statements may lock, each a call on (statements,
+# cursor): they must take their row locks in id order, so that no two of them deadlock. Held
+# to that on PostgreSQL by its plans (tests/concurrency/test_lock_order.py), on MySQL by the
+# SQL itself (tests/integration/test_mysql.py).
+LOCKING_STEPS = [
+    pytest.param(lambda s, c: s.finish(c, owner=1, outcomes=_ten_outcomes()), id="finish"),
+    pytest.param(lambda s, c: s.release_rows(c, owner=1, jobs=[(uuid.uuid4(), 1)]), id="release"),
+    pytest.param(
+        lambda s, c: s.release_owner_rows(c, owner=1, error_class="x", error_text="y"),
+        id="release_owner",
+    ),
+    pytest.param(
+        lambda s, c: s.delete_batch(
+            c, statuses=["failed"], conditions="", params=[], limit=1000, older_than=60
+        ),
+        id="retention",
+    ),
+    pytest.param(
+        lambda s, c: s.delete_batch(
+            c, statuses=["failed"], conditions="AND queue_name = %s", params=["q"], limit=10
+        ),
+        id="discard",
+    ),
+    pytest.param(
+        lambda s, c: s.requeue_batch(
+            c, status="failed", conditions="", params=[], limit=1000, grant_attempt=True
+        ),
+        id="retry",
+    ),
+    pytest.param(lambda s, c: s.cancel_batch(c, conditions="", params=[], limit=1000), id="cancel"),
+]

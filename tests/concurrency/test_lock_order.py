@@ -4,12 +4,12 @@ reads them in id order (sorted on ``id``, or read along the primary key or
 ``stalwart_job_failed_id``, an index on the id alone)."""
 
 import re
-import uuid
 
 import pytest
 from django.db import connection, connections
 
-from stalwart.db import Outcome, statements_for
+from stalwart.db import statements_for
+from tests.helpers import LOCKING_STEPS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,41 +68,7 @@ def statements(vendor):
     return statements_for(connections["default"])
 
 
-def outcomes() -> list[Outcome]:
-    return [Outcome(id=uuid.uuid4(), attempt=1, status="successful") for _ in range(10)]
-
-
-@pytest.mark.parametrize(
-    "statement",
-    [
-        pytest.param(lambda s, c: s.finish(c, owner=1, outcomes=outcomes()), id="finish"),
-        pytest.param(
-            lambda s, c: s.release_rows(c, owner=1, jobs=[(uuid.uuid4(), 1)]), id="release"
-        ),
-        pytest.param(
-            lambda s, c: s.release_owner_rows(c, owner=1, error_class="x", error_text="y"),
-            id="release_owner",
-        ),
-        pytest.param(
-            lambda s, c: s.delete_batch(
-                c, statuses=["failed"], conditions="", params=[], limit=1000, older_than=60
-            ),
-            id="retention",
-        ),
-        pytest.param(
-            lambda s, c: s.delete_batch(
-                c, statuses=["failed"], conditions="AND queue_name = %s", params=["q"], limit=10
-            ),
-            id="discard",
-        ),
-        pytest.param(
-            lambda s, c: s.requeue_batch(
-                c, status="failed", conditions="", params=[], limit=1000, grant_attempt=True
-            ),
-            id="retry",
-        ),
-    ],
-)
+@pytest.mark.parametrize("statement", LOCKING_STEPS)
 def test_rows_are_locked_in_id_order(statements, statement):
     plan = plan_of(lambda cursor: statement(statements, cursor))
     assert locks_in_id_order(plan), "\n".join(plan)

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from stalwart import Call, enqueue_many
 from stalwart.models import Job
+from tests.helpers import LOCKING_STEPS
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -208,40 +209,7 @@ def test_a_real_deadlock_is_retried_and_both_transactions_end(recorded_events):
     assert "1213" in retries[0]["error"]
 
 
-def _outcomes() -> list:
-    from stalwart.db import Outcome
-
-    return [Outcome(id=uuid.uuid4(), attempt=1, status="successful") for _ in range(10)]
-
-
-@pytest.mark.parametrize(
-    "step",
-    [
-        pytest.param(lambda s, c: s.finish(c, owner=1, outcomes=_outcomes()), id="finish"),
-        pytest.param(
-            lambda s, c: s.release_rows(c, owner=1, jobs=[(uuid.uuid4(), 1)]), id="release"
-        ),
-        pytest.param(
-            lambda s, c: s.release_owner_rows(c, owner=1, error_class="x", error_text="y"),
-            id="release_owner",
-        ),
-        pytest.param(
-            lambda s, c: s.delete_batch(
-                c, statuses=["failed"], conditions="", params=[], limit=1000, older_than=60
-            ),
-            id="retention",
-        ),
-        pytest.param(
-            lambda s, c: s.requeue_batch(
-                c, status="failed", conditions="", params=[], limit=1000, grant_attempt=True
-            ),
-            id="retry",
-        ),
-        pytest.param(
-            lambda s, c: s.cancel_batch(c, conditions="", params=[], limit=1000), id="cancel"
-        ),
-    ],
-)
+@pytest.mark.parametrize("step", LOCKING_STEPS)
 def test_steps_that_wait_for_row_locks_take_them_in_id_order(step):
     """What PostgreSQL's plans show there (tests/concurrency/test_lock_order.py), the SQL
     shows here: every locking read that may wait sorts on id, so two writers never lock two
