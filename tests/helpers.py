@@ -354,3 +354,34 @@ LOCKING_STEPS = [
     ),
     pytest.param(lambda s, c: s.cancel_batch(c, conditions="", params=[], limit=1000), id="cancel"),
 ]
+
+
+def in_a_bookkeeping_session(sql: str, *, pooled: bool = False) -> tuple:
+    """Run ``sql`` in a session the queue opens for its own bookkeeping (as a worker named
+    ``stalwart:worker:4242`` would, with a 1.25 s statement and a 0.5 s lock timeout), on a
+    thread of its own, and return its one row."""
+    from stalwart.db.session import bookkeeping
+
+    seen: list[tuple] = []
+
+    def bookkeeping_thread() -> None:
+        try:
+            bookkeeping(
+                "default",
+                application_name="stalwart:worker:4242",
+                statement_timeout=1.25,
+                lock_timeout=0.5,
+                pooled=pooled,
+            )
+            with connections["default"].cursor() as cursor:
+                cursor.execute(sql)
+                seen.append(cursor.fetchone())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=bookkeeping_thread)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the bookkeeping session did not answer"
+    assert seen, "the bookkeeping session failed"
+    return seen[0]

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from stalwart import Call, enqueue_many
 from stalwart.models import Job
-from tests.helpers import LOCKING_STEPS
+from tests.helpers import LOCKING_STEPS, in_a_bookkeeping_session
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,31 +124,13 @@ def test_the_claim_reads_its_index_in_claim_order_without_sorting(conditions, pa
 
 
 def test_the_queues_sessions_carry_timeouts_the_applications_do_not():
-    from stalwart.db.session import bookkeeping
-
     # MariaDB bounds every statement (seconds), MySQL its SELECTs (milliseconds).
     timeout = "max_statement_time" if connection.mysql_is_mariadb else "max_execution_time"
-    seen: dict[str, tuple] = {}
-
-    def bookkeeping_thread() -> None:
-        try:
-            bookkeeping(
-                "default",
-                application_name="stalwart:worker:4242",
-                statement_timeout=1.25,
-                lock_timeout=0.5,
-            )
-            with connections["default"].cursor() as cursor:
-                cursor.execute(f"SELECT @@SESSION.innodb_lock_wait_timeout, @@SESSION.{timeout}")
-                seen["queue"] = cursor.fetchone()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=bookkeeping_thread)
-    thread.start()
-    thread.join(10)
+    queue = in_a_bookkeeping_session(
+        f"SELECT @@SESSION.innodb_lock_wait_timeout, @@SESSION.{timeout}"
+    )
     # InnoDB counts lock waits in whole seconds: half a second is one.
-    assert seen["queue"] == (1, 1.25 if connection.mysql_is_mariadb else 1250)
+    assert queue == (1, 1.25 if connection.mysql_is_mariadb else 1250)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT @@SESSION.innodb_lock_wait_timeout, @@SESSION.{timeout}, "

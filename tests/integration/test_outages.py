@@ -18,6 +18,7 @@ from tests.helpers import (
     WITHOUT_TIMEOUTS,
     ApplicationTransaction,
     WorkerThread,
+    in_a_bookkeeping_session,
     wait_for,
 )
 
@@ -118,35 +119,15 @@ def test_a_scheduler_that_cannot_work_is_reported_by_the_health_check(postgresql
 
 @pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
 def test_the_queues_sessions_carry_a_name_and_timeouts_the_applications_do_not(postgresql):
-    from stalwart.db.session import bookkeeping
-
-    seen: dict[str, tuple] = {}
-
-    def bookkeeping_thread() -> None:
-        try:
-            bookkeeping(
-                "default",
-                application_name="stalwart:worker:4242",
-                statement_timeout=1.25,
-                lock_timeout=0.5,
-            )
-            with connections["default"].cursor() as cursor:
-                cursor.execute(
-                    "SELECT current_setting('application_name'), "
-                    "current_setting('statement_timeout'), current_setting('lock_timeout')"
-                )
-                seen["queue"] = cursor.fetchone()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=bookkeeping_thread)
-    thread.start()
-    thread.join(10)
+    queue = in_a_bookkeeping_session(
+        "SELECT current_setting('application_name'), "
+        "current_setting('statement_timeout'), current_setting('lock_timeout')"
+    )
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('statement_timeout')")
-        seen["application"] = cursor.fetchone()
-    assert seen["queue"] == ("stalwart:worker:4242", "1250ms", "500ms")
-    assert seen["application"] == ("0",)  # set at connection: nothing leaks to other sessions
+        application = cursor.fetchone()
+    assert queue == ("stalwart:worker:4242", "1250ms", "500ms")
+    assert application == ("0",)  # set at connection: nothing leaks to other sessions
 
 
 @pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
@@ -177,29 +158,8 @@ def test_a_forked_childs_sessions_carry_its_own_name_not_its_parents(postgresql)
 def test_behind_pgbouncer_the_queues_sessions_carry_their_name_and_nothing_it_refuses(
     postgresql, recorded_events
 ):
-    from stalwart.db.session import bookkeeping
-
-    seen: dict[str, tuple] = {}
-
-    def bookkeeping_thread() -> None:
-        try:
-            bookkeeping(
-                "default",
-                application_name="stalwart:worker:4242",
-                statement_timeout=1.25,
-                lock_timeout=0.5,
-                pooled=True,
-            )
-            with connections["default"].cursor() as cursor:
-                cursor.execute("SELECT current_setting('application_name')")
-                seen["queue"] = cursor.fetchone()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=bookkeeping_thread)
-    thread.start()
-    thread.join(10)
+    queue = in_a_bookkeeping_session("SELECT current_setting('application_name')", pooled=True)
     # PgBouncer passes application_name on; the timeouts (the 'options' startup parameter,
     # which it refuses) are not sent, so the first connection is not refused either.
-    assert seen["queue"] == ("stalwart:worker:4242",)
+    assert queue == ("stalwart:worker:4242",)
     assert "session_options_refused" not in [action for action, _ in recorded_events]
