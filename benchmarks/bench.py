@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +62,20 @@ def prepare_database() -> None:
 
     # run_syncdb: the benchmark's own tables (benchmarks.models has no migrations).
     call_command("migrate", verbosity=0, run_syncdb=True)
+
+
+def filled_table(jobs: int, *, keep: bool, fill: Callable[[int], None]) -> None:
+    """Fill the job table with ``fill`` (about ``jobs`` rows), or with ``keep`` reuse what an
+    earlier run left there. Django is set up first, by the caller: importing this module
+    sets the settings module to this benchmark's own."""
+    prepare_database()
+    from stalwart.models import Job
+
+    started = time.monotonic()
+    if not (keep and Job.objects.count() >= jobs * 0.99):
+        print(f"Filling the job table with {jobs:,} jobs…", flush=True)
+        fill(jobs)
+    print(f"{Job.objects.count():,} jobs ({time.monotonic() - started:.0f} s to prepare).\n")
 
 
 def server_connection():

@@ -188,19 +188,12 @@ def main() -> None:
     import django
 
     django.setup()
-    from benchmarks.bench import prepare_database
+    from benchmarks.bench import filled_table
 
-    prepare_database()
+    filled_table(options.jobs, keep=options.keep, fill=fill)
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from stalwart.models import Job
-
-    started = time.monotonic()
-    if not (options.keep and Job.objects.count() >= options.jobs * 0.99):
-        print(f"Filling the job table with {options.jobs:,} jobs…", flush=True)
-        fill(options.jobs)
-    print(f"{Job.objects.count():,} jobs ({time.monotonic() - started:.0f} s to prepare).\n")
     user = User.objects.filter(username="bench").first() or User.objects.create_superuser(
         "bench", password=None
     )
