@@ -1,10 +1,16 @@
-"""Per-database SQL for the hot paths, chosen by the connection's vendor."""
+"""Every statement on the queue's tables, chosen by the connection's vendor.
+
+A module per concern (``claims``, ``slots``, ``uniqueness``, ``leases``, ``control``…) holds
+what every database writes and, beside it, each database's differences; ``postgresql``,
+``mysql`` and ``sqlite`` each list one database's (see docs/explanation/database-layer.md).
+"""
 
 import functools
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from stalwart.db.base import ClaimedJob, Death, NewJob, Outcome, Released, Statements
+from stalwart.db.rows import ClaimedJob, Death, NewJob, Outcome, Released
+from stalwart.db.statements import Statements
 from stalwart.exceptions import ConfigurationError
 
 __all__ = ["ClaimedJob", "Death", "NewJob", "Outcome", "Released", "Statements", "statements_for"]

@@ -45,7 +45,7 @@ class Dispatcher(Role):
 
         self.set_title("dispatching")
         if self.config.listen_notify and connections[self.database].vendor == "postgresql":
-            from stalwart.db.postgresql import SCHEDULED_CHANNEL
+            from stalwart.db.wakeups import SCHEDULED_CHANNEL
             from stalwart.processes.listener import Listener
 
             listen_on = self.config.listen_database  # a direct connection, past a pooler

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
-from stalwart.db.postgresql import CHANNEL
+from stalwart.db.wakeups import CHANNEL
 from stalwart.processes.outage import Outage
 
 
