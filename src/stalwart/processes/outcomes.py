@@ -51,7 +51,7 @@ class ClaimRequest:
     isolated_first: bool = False
 
 
-def _may_wait(item: Finished) -> bool:
+def _may_wait_on_a_twin(item: Finished) -> bool:
     """Whether writing this outcome may wait on another transaction's unique key."""
     return item.job.unique_key is not None and item.outcome.status in _WAITING
 
@@ -121,13 +121,20 @@ class OutcomeWriter:
 
     def _can_combine(self, pending: list[Finished], claim: ClaimRequest) -> bool:
         """Whether the outcomes that need not wait can go in one statement with the claim."""
-        plain = [item for item in pending if not _may_wait(item)]
+        plain = [item for item in pending if not self._may_wait(item)]
         return (
             bool(plain)
             and not claim.isolated_first
             and self.store.can_finish_and_claim(claim.selector)
             and not any(item.job.concurrency_key for item in plain)
         )
+
+    def _may_wait(self, item: Finished) -> bool:
+        """Whether writing this outcome may wait on another transaction: on a unique twin,
+        or on a lock that held it up at an earlier flush (and may still). Such an outcome
+        is written on its own, briefly, never in the batch: the others, and the claim, do
+        not wait with it (on MySQL a lock wait lasts a whole second at the least)."""
+        return _may_wait_on_a_twin(item) or item.job.id in self._deferred_reported
 
     def _write_pending(
         self,
@@ -139,7 +146,7 @@ class OutcomeWriter:
         """The outcomes that need not wait in one statement (with ``claim``, if given), then
         each of the others, giving up on those that would wait. Returns what was written,
         and what must wait."""
-        plain = [item for item in pending if not _may_wait(item)]
+        plain = [item for item in pending if not self._may_wait(item)]
         written: dict = {}
         if claim is not None:
             written, claimed = self.store.finish_and_claim(
@@ -154,7 +161,7 @@ class OutcomeWriter:
         elif plain:
             written = self._write(owner, plain)
         more, deferred = self._write_each(
-            owner, [item for item in pending if _may_wait(item)], briefly=True
+            owner, [item for item in pending if self._may_wait(item)], briefly=True
         )
         return written | more, deferred
 
