@@ -594,6 +594,23 @@ class Statements:
         """
         raise NotImplementedError
 
+    def survey_for_prune(
+        self,
+        cursor: Any,
+        *,
+        lease: str,
+        holder: str,
+        ttl: float,
+        threshold: float,
+        exclude: int | None,
+    ) -> tuple[list, bool] | None:
+        """Take or renew the pruning lease ``lease``; None if it is not ours. If it is: the
+        processes silent for longer than ``threshold`` (as ``dead_processes``), and whether
+        a running job may have an owner without a row (here True: the orphan sweep looks)."""
+        if not self.acquire_lease(cursor, name=lease, holder=holder, ttl=ttl):
+            return None
+        return self.dead_processes(cursor, threshold=threshold, exclude=exclude), True
+
     def release_lease(self, cursor: Any, *, name: str, holder: str) -> bool:
         """Let the lease go now, if we hold it."""
         now, params = self.now_sql()

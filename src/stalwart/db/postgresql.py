@@ -175,6 +175,36 @@ def _server_bound_cursor(connection: Any) -> Any:
     return Unprepared(connection)
 
 
+# Take or renew a lease: ``renewed`` or ``created`` has a row if it is ours now. A row
+# another transaction has locked is skipped: contention, never a wait.
+_TAKE_LEASE = """
+            WITH takeable AS (
+                SELECT name FROM stalwart_lease
+                WHERE name = %s AND (expires_at < now() OR holder = %s)
+                FOR UPDATE SKIP LOCKED
+            ),
+            renewed AS (
+                UPDATE stalwart_lease AS lease
+                SET acquired_at = CASE WHEN lease.holder = %s THEN lease.acquired_at
+                                       ELSE now() END,
+                    holder = %s,
+                    expires_at = now() + make_interval(secs => %s)
+                FROM takeable WHERE lease.name = takeable.name
+                RETURNING 1
+            ),
+            created AS (
+                INSERT INTO stalwart_lease (name, holder, acquired_at, expires_at)
+                SELECT %s, %s, now(), now() + make_interval(secs => %s)
+                WHERE NOT EXISTS (SELECT 1 FROM stalwart_lease WHERE name = %s)
+                ON CONFLICT (name) DO NOTHING
+                RETURNING 1
+            )"""
+
+
+def _lease_params(name: str, holder: str, ttl: float) -> list:
+    return [name, holder, holder, holder, ttl, name, holder, ttl, name]
+
+
 class PostgreSQLStatements(Statements):
     vendor = "postgresql"
     insert_chunk = 5000  # unnest() takes one array per column, whatever the row count
@@ -671,33 +701,47 @@ class PostgreSQLStatements(Statements):
 
     def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool:
         cursor.execute(
-            """
-            WITH takeable AS (
-                SELECT name FROM stalwart_lease
-                WHERE name = %s AND (expires_at < now() OR holder = %s)
-                FOR UPDATE SKIP LOCKED
-            ),
-            renewed AS (
-                UPDATE stalwart_lease AS lease
-                SET acquired_at = CASE WHEN lease.holder = %s THEN lease.acquired_at
-                                       ELSE now() END,
-                    holder = %s,
-                    expires_at = now() + make_interval(secs => %s)
-                FROM takeable WHERE lease.name = takeable.name
-                RETURNING 1
-            ),
-            created AS (
-                INSERT INTO stalwart_lease (name, holder, acquired_at, expires_at)
-                SELECT %s, %s, now(), now() + make_interval(secs => %s)
-                WHERE NOT EXISTS (SELECT 1 FROM stalwart_lease WHERE name = %s)
-                ON CONFLICT (name) DO NOTHING
-                RETURNING 1
-            )
-            SELECT (SELECT count(*) FROM renewed) + (SELECT count(*) FROM created)
-            """,
-            [name, holder, holder, holder, ttl, name, holder, ttl, name],
+            f"{_TAKE_LEASE} SELECT (SELECT count(*) FROM renewed) + (SELECT count(*) FROM created)",
+            _lease_params(name, holder, ttl),
         )
         return cursor.fetchone()[0] == 1
+
+    def survey_for_prune(
+        self,
+        cursor: Any,
+        *,
+        lease: str,
+        holder: str,
+        ttl: float,
+        threshold: float,
+        exclude: int | None,
+    ) -> tuple[list, bool] | None:
+        # One statement, the one an idle cluster's pruner sends each interval: the lease,
+        # and, if it is ours, the dead processes (one row each, or one row of NULLs) and
+        # whether any running job's owner has no row.
+        cursor.execute(
+            f"""{_TAKE_LEASE},
+            held AS (
+                SELECT (SELECT count(*) FROM renewed) + (SELECT count(*) FROM created) = 1 AS ours
+            )
+            SELECT held.ours,
+                   held.ours AND EXISTS (
+                       SELECT 1 FROM stalwart_job AS job
+                       WHERE job.status = 'running' AND job.owner IS NOT NULL
+                         AND NOT EXISTS (SELECT 1 FROM stalwart_process AS process
+                                         WHERE process.id = job.owner)),
+                   dead.id, dead.kind, dead.name, dead.pid, dead.hostname, dead.supervisor
+            FROM held LEFT JOIN stalwart_process AS dead
+              ON held.ours AND dead.last_heartbeat_at < {self.ago_sql()} AND dead.id <> %s
+            ORDER BY dead.id
+            """,
+            [*_lease_params(lease, holder, ttl), threshold, -1 if exclude is None else exclude],
+        )
+        rows = cursor.fetchall()
+        ours, orphans = rows[0][:2]
+        if not ours:
+            return None
+        return [tuple(row[2:]) for row in rows if row[2] is not None], orphans
 
     def release_lease(self, cursor: Any, *, name: str, holder: str) -> bool:
         cursor.execute(
