@@ -23,7 +23,7 @@ from stalwart.calls import call_signature, check_call, check_importable
 from stalwart.checks import require_app
 from stalwart.conf import Options, read_options
 from stalwart.exceptions import TaskNotFound
-from stalwart.ids import uuid7
+from stalwart.ids import uuid7, uuid7s
 from stalwart.queues import validate_queue_name
 from stalwart.resolution import resolve_task
 from stalwart.serialization import encode_arguments, normalize_arguments
@@ -85,7 +85,9 @@ class StalwartBackend(BaseTaskBackend):
         ``calls`` yields ``(args, kwargs)`` pairs (``stalwart.Call`` objects are such pairs).
         Every call is validated before anything is written: one bad call enqueues none.
         """
-        return self._enqueue(task, calls, bulk=True)
+        calls = list(calls)
+        # The ids made together, in one step: a bulk enqueue makes thousands.
+        return self._enqueue(task, calls, bulk=True, ids=uuid7s(len(calls)))
 
     def _enqueue(
         self,

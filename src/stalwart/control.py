@@ -49,7 +49,8 @@ def resume(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> boo
     deleted, _ = QueuePause.objects.using(_database(backend)).filter(queue_name=queue_name).delete()
     if deleted:
         events.emit("queue_resumed", queue=queue_name)
-        JobStore(_database(backend)).wake([queue_name])
+        # The backend's own store: it notifies only where listen_notify says workers listen.
+        task_backends[backend].store.wake([queue_name])
     return bool(deleted)
 
 

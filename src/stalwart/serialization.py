@@ -86,7 +86,11 @@ def _normalize(  # noqa: PLR0911, PLR0912 - a branch per type
         return value
     if depth >= MAX_DEPTH:
         raise _Rejected(f"is nested more than {MAX_DEPTH} levels deep")
-    if isinstance(value, Mapping):
+    # Plain containers by exact type too: asking the abstract classes costs more than the
+    # rest of a small call's arguments.
+    if kind is list or kind is tuple:
+        return _normalize_items(value, depth, json_keys)
+    if kind is dict or isinstance(value, Mapping):
         result = {}
         for key, item in value.items():
             # A key that is not a string is the mapping's problem (its path is the mapping's).
@@ -121,17 +125,21 @@ def _normalize(  # noqa: PLR0911, PLR0912 - a branch per type
     if isinstance(value, float):
         return _normalize(float.__float__(value), depth, json_keys)
     if isinstance(value, Sequence):
-        result_list = []
-        for index, item in enumerate(value):
-            try:
-                result_list.append(_normalize(item, depth + 1, json_keys))
-            except _Rejected as rejected:
-                rejected.parts.append(f"[{index}]")
-                raise
-        return result_list
+        return _normalize_items(value, depth, json_keys)
     raise _Rejected(
         f"is of type {kind.__qualname__}, which JSON cannot represent", type_name=kind.__qualname__
     )
+
+
+def _normalize_items(value: Sequence, depth: int, json_keys: bool) -> list:
+    result = []
+    for index, item in enumerate(value):
+        try:
+            result.append(_normalize(item, depth + 1, json_keys))
+        except _Rejected as rejected:
+            rejected.parts.append(f"[{index}]")
+            raise
+    return result
 
 
 def normalize(value: Any, path: str) -> Any:
@@ -161,8 +169,15 @@ def normalize_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple
     return normalize(list(args), "args"), normalize(dict(kwargs), "kwargs")
 
 
+# What an empty list or dict encodes to: no arguments, or no keyword arguments, the most
+# common call of all, without a trip through the encoder.
+_EMPTY = {list: "[]", dict: "{}"}
+
+
 def dumps(value: Any) -> str:
     """Encode an already normalized value compactly."""
+    if not value and type(value) in _EMPTY:
+        return _EMPTY[type(value)]
     return _encoder.encode(value)
 
 

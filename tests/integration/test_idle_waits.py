@@ -18,6 +18,7 @@ from stalwart import control
 from stalwart.conf import DispatcherOptions, SchedulerOptions
 from stalwart.models import Job, RecurringRun
 from stalwart.processes.dispatcher import Dispatcher
+from stalwart.processes.listener import Listener
 from stalwart.processes.scheduler import Scheduler
 from stalwart.processes.worker import LISTEN_WARM_UP
 from stalwart.recurring import read_recurring
@@ -36,7 +37,7 @@ LATE_BY_AT_MOST = 5.0
 @pytest.fixture
 def postgresql(vendor):
     if vendor != "postgresql":
-        pytest.skip("LISTEN/NOTIFY is PostgreSQL's (on SQLite, idle roles poll)")
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's (on SQLite and MySQL, idle roles poll)")
 
 
 def dispatcher(backend) -> Dispatcher:
@@ -155,9 +156,34 @@ def test_a_listening_worker_waits_long_and_is_woken_by_an_enqueue(postgresql, ba
         wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")
 
 
+def test_a_resume_notifies_the_listeners_of_its_queue(postgresql, backend):
+    """A resume sends the queue's name on the channel an enqueue uses (on commit), so an
+    idle worker of that queue wakes as it would for a new job; a pause wakes no one."""
+    heard: list[str] = []
+    listener = Listener(
+        backend.config.listen_database or "default",
+        lambda queue: heard.append(queue) or True,
+        lambda: None,
+    )
+    listener.start()
+    try:
+        wait_for(lambda: listener.listening, message="LISTEN to take effect")
+        control.pause("reports")
+        control.resume("reports")
+        control.resume("reports")  # not paused any more: nothing to tell
+        wait_for(lambda: "reports" in heard, timeout=5, message="the resume's notification")
+        tasks.noop.using(queue_name="marker").enqueue()  # notified after what came before
+        wait_for(lambda: "marker" in heard, timeout=5, message="the enqueue's notification")
+        assert heard == ["reports", "marker"]
+    finally:
+        listener.stop()
+        listener.join(5)
+
+
 def test_a_worker_serving_a_paused_queue_polls_for_its_resume(postgresql, backend):
-    """A resume notifies nobody: a worker that knows a queue it serves is paused keeps
-    looking every second, so the queue's jobs run soon after it is resumed."""
+    """A worker that knows a queue it serves is paused keeps looking every second (its
+    pauses are read again at most once a second, so a resume's notification alone could
+    find them stale), and the queue's jobs run soon after it is resumed."""
     control.pause("default")
     worker = make_worker(poll_interval=None)
     try:

@@ -276,6 +276,20 @@ def test_sweeps_read_indexes_only(big_table):
     assert "stalwart_job_owner" in indexes(found[0])
 
 
+def test_the_pruners_look_reads_indexes_only(big_table):
+    """The statement an idle cluster's pruner sends every heartbeat interval: the lease,
+    the silent processes, whether a running job has lost its owner's row."""
+    statements = statements_for(connection)
+    survey, found = plans(
+        lambda c: statements.survey_for_prune(
+            c, lease="plans", holder="me", ttl=20, threshold=60, exclude=None
+        )
+    )
+    assert survey == ([], True)  # the table's owner beats until 2099; ORPHAN has no row
+    assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(found[0]))
+    assert "stalwart_job_owner" in indexes(found[0])
+
+
 def test_the_latest_ticks_and_the_waiting_queues_are_loose_index_scans(big_table):
     statements = statements_for(connection)
     latest, found = plans(lambda c: ticks.last_runs("default"))

@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.db.models import F
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from stalwart.jobs import JobStore
@@ -13,6 +14,7 @@ from stalwart.processes.registry import (
     PROCESS_DIED,
     Registration,
     prune_dead_processes,
+    prune_under_lease,
     remove_reaped_child,
 )
 from stalwart.queues import QueueSelector
@@ -121,3 +123,56 @@ def test_a_job_an_application_holds_does_not_stop_the_rest_of_the_prune(vendor, 
     assert ("prune_deferred", blocked.name) in [
         (action, fields.get("process")) for action, fields in recorded_events
     ]
+
+
+def orphan_a_job() -> Job:
+    """A running job whose owner has no process row (gone without giving it back)."""
+    owner = register()
+    job = hold_a_job(owner=owner.id)
+    Process.objects.filter(pk=owner.id).delete()
+    return job
+
+
+def prune_as(holder: str):
+    return prune_under_lease("default", holder=holder, threshold=60, interval=10, exclude=None)
+
+
+def test_the_holder_of_the_pruning_lease_prunes_the_silent_and_takes_back_orphans():
+    silent, alive = register(), register()
+    held, orphaned = hold_a_job(owner=silent.id), orphan_a_job()
+    age(silent, 120)
+    gone = prune_as("pruner-one")
+    assert [process.id for process in gone] == [silent.id]
+    assert list(Process.objects.values_list("id", flat=True)) == [alive.id]
+    for job in (held, orphaned):
+        job.refresh_from_db()
+        assert (job.status, job.owner) == ("ready", None)
+
+
+def test_another_process_leaves_the_prune_to_the_holder_of_the_lease():
+    prune_as("pruner-one")  # takes the lease
+    silent = register()
+    orphaned = orphan_a_job()
+    age(silent, 120)
+    assert prune_as("pruner-two") == []
+    assert Process.objects.filter(pk=silent.id).exists()
+    orphaned.refresh_from_db()
+    assert orphaned.status == "running"
+    assert [process.id for process in prune_as("pruner-one")] == [silent.id]  # its next turn
+
+
+def test_an_idle_prune_is_one_statement_on_postgresql(vendor):
+    """What an idle cluster's pruner sends each heartbeat interval: the lease, the look for
+    silent processes and for orphaned jobs, in one statement."""
+    if vendor != "postgresql":
+        pytest.skip("one statement on PostgreSQL; elsewhere the lease and each look are apart")
+    register()
+    prune_as("pruner-one")
+    with CaptureQueriesContext(connection) as queries:
+        assert prune_as("pruner-one") == []
+    assert len(queries) == 1, [query["sql"][:80] for query in queries]
+    orphan_a_job()  # now there is something to do: the sweep follows
+    with CaptureQueriesContext(connection) as queries:
+        prune_as("pruner-one")
+    assert len(queries) > 1
+    assert Job.objects.get().status == "ready"

@@ -4,7 +4,7 @@ import time
 import uuid
 
 from stalwart import ids
-from stalwart.ids import uuid7
+from stalwart.ids import uuid7, uuid7s
 
 
 def test_uuid7_has_version_and_variant():
@@ -26,6 +26,18 @@ def test_uuid7_made_back_to_back_keep_their_order():
     assert len(set(values)) == len(values)
     assert {value.version for value in values} == {7}
     assert {value.variant for value in values} == {uuid.RFC_4122}
+
+
+def test_ids_made_together_follow_each_other_and_those_made_one_by_one():
+    before = uuid7()
+    together = uuid7s(5000)  # one millisecond for all: each steps on from the last
+    after = uuid7()
+    values = [before, *together, after]
+    assert values == sorted(values)
+    assert len(set(values)) == len(values)
+    assert {value.version for value in together} == {7}
+    assert {value.variant for value in together} == {uuid.RFC_4122}
+    assert uuid7s(0) == []
 
 
 def test_a_child_forked_while_an_id_is_being_made_can_make_ids():

@@ -102,3 +102,13 @@ def test_size_limit_counts_encoded_utf8_bytes():
     encoded_args, encoded_kwargs = encode_arguments(args, kwargs, limit=2000)
     assert json.loads(encoded_args) == args
     assert json.loads(encoded_kwargs) == {}
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [((), {}), ([], {"a": []}), ((1, ()), {"b": {}})])
+def test_arguments_encode_as_compact_json_empty_ones_included(args, kwargs):
+    encoded = encode_arguments(*normalize_arguments(args, kwargs), limit=1000)
+    separators = (",", ":")
+    assert encoded == (
+        json.dumps(round_trip(list(args)), separators=separators),
+        json.dumps(round_trip(kwargs), separators=separators),
+    )

@@ -81,12 +81,10 @@ class Leases(Dialect):
         return cursor.rowcount
 
 
-class PostgreSQLLeases(Leases):
-    """Take or renew a lease in one statement: a row another transaction holds is skipped."""
-
-    def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool:
-        cursor.execute(
-            """
+# Take or renew a lease: ``renewed`` or ``created`` has a row if it is ours now. A row
+# another transaction has locked is skipped: contention, never a wait. (Also the head of
+# the pruner's one-statement survey, in processes.py.)
+PG_TAKE_LEASE = """
             WITH takeable AS (
                 SELECT name FROM stalwart_lease
                 WHERE name = %s AND (expires_at < now() OR holder = %s)
@@ -107,10 +105,22 @@ class PostgreSQLLeases(Leases):
                 WHERE NOT EXISTS (SELECT 1 FROM stalwart_lease WHERE name = %s)
                 ON CONFLICT (name) DO NOTHING
                 RETURNING 1
-            )
-            SELECT (SELECT count(*) FROM renewed) + (SELECT count(*) FROM created)
-            """,
-            [name, holder, holder, holder, ttl, name, holder, ttl, name],
+            )"""
+
+
+def pg_lease_params(name: str, holder: str, ttl: float) -> list:
+    """The parameters of ``PG_TAKE_LEASE``."""
+    return [name, holder, holder, holder, ttl, name, holder, ttl, name]
+
+
+class PostgreSQLLeases(Leases):
+    """Take or renew a lease in one statement: a row another transaction holds is skipped."""
+
+    def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool:
+        cursor.execute(
+            f"{PG_TAKE_LEASE} "
+            "SELECT (SELECT count(*) FROM renewed) + (SELECT count(*) FROM created)",
+            pg_lease_params(name, holder, ttl),
         )
         return cursor.fetchone()[0] == 1
 

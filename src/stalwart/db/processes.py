@@ -11,6 +11,7 @@ from typing import Any
 
 from stalwart.db.decoding import decode_json
 from stalwart.db.dialect import Dialect, marks
+from stalwart.db.leases import PG_TAKE_LEASE, pg_lease_params
 
 
 class Processes(Dialect):
@@ -24,6 +25,23 @@ class Processes(Dialect):
             [*self.ago_params(threshold), -1 if exclude is None else exclude],
         )
         return cursor.fetchall()
+
+    def survey_for_prune(
+        self,
+        cursor: Any,
+        *,
+        lease: str,
+        holder: str,
+        ttl: float,
+        threshold: float,
+        exclude: int | None,
+    ) -> tuple[list, bool] | None:
+        """Take or renew the pruning lease ``lease``; None if it is not ours. If it is: the
+        processes silent for longer than ``threshold`` (as ``dead_processes``), and whether
+        a running job may have an owner without a row (here True: the orphan sweep looks)."""
+        if not self.acquire_lease(cursor, name=lease, holder=holder, ttl=ttl):
+            return None
+        return self.dead_processes(cursor, threshold=threshold, exclude=exclude), True
 
     def delete_child_processes(self, cursor: Any, *, supervisors: Sequence[int], pid: int) -> list:
         """Delete a reaped child's row(s); return (id, kind, name, pid, hostname, metadata)
@@ -59,6 +77,47 @@ class Processes(Dialect):
         )
         row = cursor.fetchone()
         return None if row is None else (decode_json(row[0]) or {})
+
+
+class PostgreSQLProcesses(Processes):
+    """The pruner's survey in one statement: what an idle cluster's pruner sends each
+    interval."""
+
+    def survey_for_prune(
+        self,
+        cursor: Any,
+        *,
+        lease: str,
+        holder: str,
+        ttl: float,
+        threshold: float,
+        exclude: int | None,
+    ) -> tuple[list, bool] | None:
+        # The lease, and, if it is ours, the dead processes (one row each, or one row of
+        # NULLs) and whether any running job's owner has no row.
+        cursor.execute(
+            f"""{PG_TAKE_LEASE},
+            held AS (
+                SELECT (SELECT count(*) FROM renewed) + (SELECT count(*) FROM created) = 1 AS ours
+            )
+            SELECT held.ours,
+                   held.ours AND EXISTS (
+                       SELECT 1 FROM stalwart_job AS job
+                       WHERE job.status = 'running' AND job.owner IS NOT NULL
+                         AND NOT EXISTS (SELECT 1 FROM stalwart_process AS process
+                                         WHERE process.id = job.owner)),
+                   dead.id, dead.kind, dead.name, dead.pid, dead.hostname, dead.supervisor
+            FROM held LEFT JOIN stalwart_process AS dead
+              ON held.ours AND dead.last_heartbeat_at < {self.ago_sql()} AND dead.id <> %s
+            ORDER BY dead.id
+            """,
+            [*pg_lease_params(lease, holder, ttl), threshold, -1 if exclude is None else exclude],
+        )
+        rows = cursor.fetchall()
+        ours, orphans = rows[0][:2]
+        if not ours:
+            return None
+        return [tuple(row[2:]) for row in rows if row[2] is not None], orphans
 
 
 class MySQLProcesses(Processes):

@@ -108,13 +108,14 @@ class GoneProcess:
 
 
 def prune_dead_processes(
-    database: str, *, threshold: float, exclude: int | None
+    database: str, *, threshold: float, exclude: int | None, candidates: list | None = None
 ) -> list[GoneProcess]:
     """Delete every process silent for longer than ``threshold`` s; release its jobs.
 
     Each deletion re-checks the silence in its WHERE clause, in the same transaction as the
     release: a process that beats in the meantime is left alone, and two pruners never both
-    act on one process. ``exclude`` (the caller itself) is never pruned.
+    act on one process. ``exclude`` (the caller itself) is never pruned. ``candidates``:
+    the silent processes, as ``Statements.dead_processes`` returns them, if already found.
     """
     statements = JobStore(database).statements
 
@@ -122,7 +123,8 @@ def prune_dead_processes(
         with connections[database].cursor() as cursor:
             return statements.dead_processes(cursor, threshold=threshold, exclude=exclude)
 
-    candidates = retry_transient(database, find, what="find dead processes")
+    if candidates is None:
+        candidates = retry_transient(database, find, what="find dead processes")
     pruned = []
     for process_id, kind, name, pid, hostname, _supervisor in candidates:
 
@@ -229,15 +231,34 @@ def prune_under_lease(
     only saves the cluster from doing them on every host every interval. Every supervisor,
     dispatcher and standalone worker calls this, so a job never stays running for want of
     a dispatcher.
-    """
-    from stalwart import leases
 
-    if not leases.try_acquire(PRUNE_LEASE, holder, ttl=2 * interval, database=database):
-        return []
-    pruned = prune_dead_processes(database, threshold=threshold, exclude=exclude)
+    The lease and the look for work share one statement where the database allows
+    (PostgreSQL): in an idle cluster, that statement is all its pruner sends each interval.
+    """
+    statements = JobStore(database).statements
+
+    def survey() -> tuple[list, bool] | None:
+        with connections[database].cursor() as cursor:
+            return statements.survey_for_prune(
+                cursor,
+                lease=PRUNE_LEASE,
+                holder=holder,
+                ttl=2 * interval,
+                threshold=threshold,
+                exclude=exclude,
+            )
+
+    found = retry_transient(database, survey, what="look for dead processes")
+    if found is None:
+        return []  # the lease is another process's
+    candidates, orphans = found
+    pruned = prune_dead_processes(
+        database, threshold=threshold, exclude=exclude, candidates=candidates
+    )
     for gone in pruned:
         report_pruned(gone)
-    release_orphans(database)
+    if orphans:
+        release_orphans(database)
     return pruned
 
 

@@ -13,6 +13,7 @@ about the time; the database never disagrees with itself.
 """
 
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,6 +127,27 @@ def _unnest_params(rows: list[list]) -> tuple[tuple[bool, ...], list]:
     return varying, shared + arrays
 
 
+# One row (a single enqueue) goes as a plain INSERT ... VALUES, the clock's verdicts
+# computed in place, and its notification sent from RETURNING: a quarter cheaper than the
+# statement of several rows, whose subquery and aggregates cost as much as the insert.
+_INSERT_ONE = (
+    f"{_INSERT_INTO} VALUES ("
+    + ", ".join(
+        re.sub(r"row\.(\w+)", lambda column: f"%({column[1]})s::{_COLUMN_TYPES[column[1]]}", sql)
+        for sql in (_BY_THE_DATABASE_CLOCK.get(name) or f"row.{name}" for name in INSERT_COLUMNS)
+    )
+    + ", "
+    + ", ".join(_CONSTANTS)
+    + ")"
+)
+# (A CASE calls pg_notify only for the branch taken: a blocked job notifies no one.)
+_INSERT_ONE_NOTIFIED = f"""{_INSERT_ONE}
+    RETURNING CASE status
+        WHEN 'ready' THEN pg_notify('{CHANNEL}', queue_name)
+        WHEN 'scheduled'
+            THEN pg_notify('{SCHEDULED_CHANNEL}', extract(epoch FROM available_at)::text)
+    END"""
+
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
 # Rows written by finish_and_claim, in the claim's columns: their finish time stands in
 # last_attempted_at, the rest is NULL.
@@ -155,6 +177,10 @@ class PostgreSQLClaims(Claims):
     writes_are_single_statements = True
 
     def insert_chunk_of(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
+        if len(jobs) == 1:
+            params = dict(zip(INSERT_COLUMNS, self.insert_params(jobs[0]), strict=True))
+            cursor.execute(_INSERT_ONE_NOTIFIED if notify else _INSERT_ONE, params)
+            return
         rows = [self.insert_params(job) for job in jobs]
         if len(jobs) <= SMALL_INSERT:
             params = [value for row in rows for value in row]
