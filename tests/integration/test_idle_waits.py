@@ -180,17 +180,19 @@ def test_a_resume_notifies_the_listeners_of_its_queue(postgresql, backend):
         listener.join(5)
 
 
-def test_a_worker_serving_a_paused_queue_polls_for_its_resume(postgresql, backend):
-    """A worker that knows a queue it serves is paused keeps looking every second (its
-    pauses are read again at most once a second, so a resume's notification alone could
-    find them stale), and the queue's jobs run soon after it is resumed."""
+def test_a_worker_serving_a_paused_queue_is_woken_by_its_resume(postgresql, backend):
+    """A worker that knows a queue it serves is paused does not poll for its resume: the
+    resume's notification wakes it, has it read its pauses again (they would otherwise be
+    up to a second stale), and the queue's jobs run at once, long before its next look."""
     control.pause("default")
     worker = make_worker(poll_interval=None)
     try:
         with worker_thread(worker):
             result = tasks.noop.enqueue()
             wait_for(lambda: "default" in worker._paused, message="the worker to see the pause")
-            assert worker.poll_interval() <= 1.0
+            wait_for(lambda: worker._listener and worker._listener.listening)
+            worker._listener.listening_since -= LISTEN_WARM_UP  # as if listening for a while
+            assert worker.poll_interval() == SLOW_POLL  # no polling for the resume
             assert status(result) == "ready"
             control.resume("default")
             wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")

@@ -49,9 +49,10 @@ PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker doe
 MEMORY_CHECK_INTERVAL = 1.0  # seconds between looks at the resident memory
 # Seconds between reads of the paused queues (and of isolated jobs waiting), while claiming.
 PAUSE_CHECK_INTERVAL = 1.0
-# Idle, with LISTEN/NOTIFY heard: a notification wakes the worker, and it looks anyway this
-# often (default poll_interval). Without it: SHORT_POLL (or LISTENER_DOWN_POLL while the
-# listener reconnects, or while a queue it serves is paused: a resume notifies nobody).
+# Idle, with LISTEN/NOTIFY heard: a notification wakes the worker (a resume notifies too,
+# and one for a queue it thinks paused has it read its pauses again at once), and it looks
+# anyway this often (default poll_interval). Without it: SHORT_POLL (or LISTENER_DOWN_POLL
+# while the listener reconnects).
 NOTIFIED_POLL = 30.0
 LISTENER_DOWN_POLL = 1.0
 LISTEN_WARM_UP = 10.0  # seconds of LISTENER_DOWN_POLL after the listener starts listening
@@ -104,6 +105,9 @@ class Worker(Role):
         self._next_reconcile = 0.0
         self._next_memory_check = 0.0
         self._next_pause_check = 0.0
+        # Set by the listener's thread: a queue we think paused was notified (resumed, or
+        # enqueued to while still paused); the next round reads the pauses again.
+        self._pauses_stale = False
         # Whether the next round claims: woken (a notification, a job finished, a signal),
         # or the poll is due. A round that only keeps time (reconcile, timeouts, memory,
         # chores) asks the database nothing else.
@@ -160,10 +164,19 @@ class Worker(Role):
             # (seen once in several runs, cause not found), so poll often for a while.
             or time.monotonic() - self._listener.listening_since < LISTEN_WARM_UP
             or self.outcomes.unwritten  # waiting on another transaction: tried again soon
-            or any(self.selector.serves(name) for name in self._paused)
         ):
             return LISTENER_DOWN_POLL
         return NOTIFIED_POLL
+
+    def _heard(self, queue_name: str) -> bool:
+        """Whether a notification for ``queue_name`` should wake us (the listener's thread
+        asks). One for a queue we think paused makes us read the pauses again: it was
+        resumed, most likely, and we would otherwise claim past it until the next read."""
+        if not self.selector.serves(queue_name):
+            return False
+        if queue_name in self._paused:
+            self._pauses_stale = True
+        return True
 
     def _wait_time(self) -> float:
         """Seconds until the loop has something to do unasked: poll, reconcile, promote,
@@ -187,7 +200,7 @@ class Worker(Role):
             listen_on = self.config.listen_database  # a direct connection, past a pooler
             self._listener = Listener(
                 listen_on or self.database,
-                self.selector.serves,
+                self._heard,
                 self.waker.wake,
                 session=lambda: self.open_session("listener", database=listen_on),
                 process=self.name,
@@ -240,7 +253,8 @@ class Worker(Role):
         if not (self._look or self.pool.finished or self._not_run or self.outcomes.unwritten):
             return False  # a round that keeps time: nothing to claim for, nothing to write
         self._look = True  # until this round has claimed: a failed one looks again
-        if now >= self._next_pause_check:
+        if now >= self._next_pause_check or self._pauses_stale:
+            self._pauses_stale = False  # before the read: a notification during it counts
             self._paused = paused_queues(database=self.database)
             self._isolated_waiting = self.store.isolated_waiting(
                 selector=self.selector, paused=self._paused
