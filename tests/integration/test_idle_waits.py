@@ -6,6 +6,7 @@ The dispatchers here poll every 30 s: any job they make ready within a second or
 time was found by the wait on its due time, or by a notification.
 """
 
+import threading
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -17,6 +18,7 @@ from django.utils import timezone
 from stalwart import control
 from stalwart.conf import DispatcherOptions, SchedulerOptions
 from stalwart.models import Job, RecurringRun
+from stalwart.processes import worker as worker_module
 from stalwart.processes.dispatcher import Dispatcher
 from stalwart.processes.listener import Listener
 from stalwart.processes.scheduler import Scheduler
@@ -221,3 +223,61 @@ def test_a_scheduler_wakes_for_each_tick_whatever_its_polling_interval(backend):
         scheduler.request_stop()
         running.join(10)
     connections.close_all()
+
+
+def test_a_resume_heard_while_the_worker_reads_its_pauses_is_not_missed(
+    postgresql, backend, monkeypatch
+):
+    """A pause the worker has not read yet, then its resume, heard while the worker reads
+    its pauses: the read began before the resume committed, so it says the queue is
+    paused, and the notification came while the worker's list did not name the queue yet.
+    The worker must read its pauses again at once, not leave the queue's jobs for its next
+    look (30 s here). (Heartbeats 10 s apart: no reconciliation's read of the pauses
+    mends the list in the meantime.)"""
+    config = replace(backend.config, heartbeat_interval=10.0, process_alive_threshold=60.0)
+    worker = make_worker(config=config, poll_interval=None)
+    heard: list[str] = []
+    hear = worker._heard
+
+    def hear_and_record(queue_name: str) -> bool:
+        wanted = hear(queue_name)
+        heard.append(queue_name)
+        return wanted
+
+    worker._heard = hear_and_record  # what the listener calls, from its own thread
+    read = worker_module.paused_queues
+    armed, read_done, go_on = threading.Event(), threading.Event(), threading.Event()
+
+    def read_then_let_the_resume_land(**kwargs):
+        paused = read(**kwargs)
+        if armed.is_set() and "reports" in paused:
+            armed.clear()
+            read_done.set()
+            go_on.wait(10)  # the resume commits and is heard before this read's answer is kept
+        return paused
+
+    monkeypatch.setattr(worker_module, "paused_queues", read_then_let_the_resume_land)
+    try:
+        with worker_thread(worker):
+            wait_for(lambda: worker._listener and worker._listener.listening)
+            worker._listener.listening_since -= LISTEN_WARM_UP  # as if listening for a while
+            wait_for(
+                lambda: worker._next_poll - time.monotonic() > SLOW_POLL / 2,
+                message="the worker to sleep until its next look",
+            )
+            control.pause("reports")  # notifies no one: the worker does not know yet
+            wait_for(
+                lambda: time.monotonic() >= worker._next_pause_check,
+                message="the worker's pauses to be due for a read",
+            )
+            armed.set()
+            result = tasks.noop.using(queue_name="reports").enqueue()  # wakes the worker
+            assert read_done.wait(10), "the worker did not read its pauses"
+            before = heard.count("reports")
+            control.resume("reports")
+            wait_for(lambda: heard.count("reports") > before, message="the resume to be heard")
+            go_on.set()
+            wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")
+    finally:
+        go_on.set()
+        control.resume("reports")

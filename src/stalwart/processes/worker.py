@@ -106,8 +106,11 @@ class Worker(Role):
         self._next_memory_check = 0.0
         self._next_pause_check = 0.0
         # Set by the listener's thread: a queue we think paused was notified (resumed, or
-        # enqueued to while still paused); the next round reads the pauses again.
+        # enqueued to while still paused), or any served queue was, while the pauses were
+        # being read (the read may have begun before a resume committed, and the list it
+        # replaces may not name the queue yet); the next round reads the pauses again.
         self._pauses_stale = False
+        self._reading_pauses = False
         # Whether the next round claims: woken (a notification, a job finished, a signal),
         # or the poll is due. A round that only keeps time (reconcile, timeouts, memory,
         # chores) asks the database nothing else.
@@ -174,9 +177,20 @@ class Worker(Role):
         resumed, most likely, and we would otherwise claim past it until the next read."""
         if not self.selector.serves(queue_name):
             return False
-        if queue_name in self._paused:
+        # In this order: a read that had not begun when we look at the flag sees the
+        # resume; one that has ended has already replaced the list we look at next.
+        if self._reading_pauses or queue_name in self._paused:
             self._pauses_stale = True
         return True
+
+    def _read_pauses(self) -> None:
+        """Read the paused queues; a notification heard meanwhile has the next round read
+        them again (see ``_heard``)."""
+        self._reading_pauses = True
+        try:
+            self._paused = paused_queues(database=self.database)
+        finally:
+            self._reading_pauses = False
 
     def _wait_time(self) -> float:
         """Seconds until the loop has something to do unasked: poll, reconcile, promote,
@@ -240,9 +254,8 @@ class Worker(Role):
         if now >= self._next_reconcile:
             self._next_reconcile = now + self.config.heartbeat_interval
             self._reconcile()
-            # Idle, it claims nothing, but says in its heartbeat which pauses it honours,
-            # and polls often while a queue it serves is paused.
-            self._paused = paused_queues(database=self.database)
+            # Idle, it claims nothing, but says in its heartbeat which pauses it honours.
+            self._read_pauses()
         if self.chores is not None:
             self.chores.run_due(exclude=self.registration.id)
         if self._recycle_due() or self._check_timeouts():
@@ -255,7 +268,7 @@ class Worker(Role):
         self._look = True  # until this round has claimed: a failed one looks again
         if now >= self._next_pause_check or self._pauses_stale:
             self._pauses_stale = False  # before the read: a notification during it counts
-            self._paused = paused_queues(database=self.database)
+            self._read_pauses()
             self._isolated_waiting = self.store.isolated_waiting(
                 selector=self.selector, paused=self._paused
             )
