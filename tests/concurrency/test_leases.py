@@ -8,6 +8,7 @@ from django.db import connection, connections, transaction
 from django.db.models import F
 
 from stalwart import leases
+from stalwart.db import statements_for
 from stalwart.models import Lease
 from tests.helpers import reset_lock_timeout, row_locks, set_lock_timeout
 
@@ -106,3 +107,47 @@ def test_a_database_failure_is_raised_not_reported_as_contention(vendor):
             leases.try_acquire("gone", "a", 60, database="default")
         transaction.set_rollback(True)
     assert leases.try_acquire("gone", "a", 60, database="default") is True
+
+
+def survey_for_prune(holder: str) -> tuple[list, bool] | None:
+    with connection.cursor() as cursor:
+        return statements_for(connection).survey_for_prune(
+            cursor, lease="prune", holder=holder, ttl=60, threshold=60, exclude=None
+        )
+
+
+@pytest.mark.parametrize("lease", ["new", "lapsed"] * 3)
+def test_racers_for_the_pruners_survey_get_one_pruner(lease):
+    """The pruner's survey takes the lease in the statement that looks for work: of
+    supervisors that ask at once, for a lease never taken or one whose holder died, one
+    alone is told the work, the others None (not an empty survey, not an exception)."""
+    if lease == "lapsed":
+        assert survey_for_prune("dead-holder") == ([], connection.vendor != "postgresql")
+        Lease.objects.filter(name="prune").update(expires_at=F("expires_at") - timedelta(hours=1))
+    racers = 6
+    barrier = threading.Barrier(racers)
+    outcomes: list = []
+    errors: list[BaseException] = []
+
+    def race(number: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            outcomes.append(survey_for_prune(f"racer-{number}"))
+        except BaseException as error:  # noqa: BLE001 - collected and asserted below
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+    assert sorted(outcomes, key=lambda outcome: outcome is not None) == [None] * (racers - 1) + [
+        ([], connection.vendor != "postgresql")
+    ]
+    winner = Lease.objects.get(name="prune").holder
+    assert survey_for_prune(winner) is not None  # it renews
+    assert survey_for_prune("dead-holder") is None
