@@ -17,6 +17,7 @@ from django.utils import timezone
 from stalwart import events
 from stalwart.db import statements_for
 from stalwart.db.retry import retry_transient
+from stalwart.db.wakeups import RESUMED
 from stalwart.jobs import JobStore
 from stalwart.models import QueuePause
 from stalwart.models.job import FINISHED_STATES
@@ -50,7 +51,7 @@ def resume(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> boo
     if deleted:
         events.emit("queue_resumed", queue=queue_name)
         # The backend's own store: it notifies only where listen_notify says workers listen.
-        task_backends[backend].store.wake([queue_name])
+        task_backends[backend].store.wake([f"{RESUMED}{queue_name}"])
     return bool(deleted)
 
 

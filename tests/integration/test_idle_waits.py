@@ -159,8 +159,9 @@ def test_a_listening_worker_waits_long_and_is_woken_by_an_enqueue(postgresql, ba
 
 
 def test_a_resume_notifies_the_listeners_of_its_queue(postgresql, backend):
-    """A resume sends the queue's name on the channel an enqueue uses (on commit), so an
-    idle worker of that queue wakes as it would for a new job; a pause wakes no one."""
+    """A resume sends the queue's name, marked as resumed, on the channel an enqueue uses
+    (on commit), so an idle worker of that queue wakes and reads its pauses again; a pause
+    wakes no one."""
     heard: list[str] = []
     listener = Listener(
         backend.config.listen_database or "default",
@@ -173,10 +174,10 @@ def test_a_resume_notifies_the_listeners_of_its_queue(postgresql, backend):
         control.pause("reports")
         control.resume("reports")
         control.resume("reports")  # not paused any more: nothing to tell
-        wait_for(lambda: "reports" in heard, timeout=5, message="the resume's notification")
+        wait_for(lambda: "resumed:reports" in heard, timeout=5, message="the resume's notification")
         tasks.noop.using(queue_name="marker").enqueue()  # notified after what came before
         wait_for(lambda: "marker" in heard, timeout=5, message="the enqueue's notification")
-        assert heard == ["reports", "marker"]
+        assert heard == ["resumed:reports", "marker"]
     finally:
         listener.stop()
         listener.join(5)
@@ -188,13 +189,20 @@ def test_a_worker_serving_a_paused_queue_is_woken_by_its_resume(postgresql, back
     up to a second stale), and the queue's jobs run at once, long before its next look."""
     control.pause("default")
     worker = make_worker(poll_interval=None)
+    heard: list[tuple[str, bool]] = []
+    hear = worker._heard
+    worker._heard = lambda payload: heard.append((payload, hear(payload))) or heard[-1][1]
+    result = tasks.noop.enqueue()  # before the worker listens: not heard
     try:
         with worker_thread(worker):
-            result = tasks.noop.enqueue()
             wait_for(lambda: "default" in worker._paused, message="the worker to see the pause")
             wait_for(lambda: worker._listener and worker._listener.listening)
             worker._listener.listening_since -= LISTEN_WARM_UP  # as if listening for a while
             assert worker.poll_interval() == SLOW_POLL  # no polling for the resume
+            # A new job in the paused queue does not wake it: nothing there to claim.
+            tasks.noop.enqueue()
+            wait_for(lambda: heard, message="the enqueue's notification")
+            assert heard == [("default", False)]
             assert status(result) == "ready"
             control.resume("default")
             wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")
@@ -273,9 +281,8 @@ def test_a_resume_heard_while_the_worker_reads_its_pauses_is_not_missed(
             armed.set()
             result = tasks.noop.using(queue_name="reports").enqueue()  # wakes the worker
             assert read_done.wait(10), "the worker did not read its pauses"
-            before = heard.count("reports")
             control.resume("reports")
-            wait_for(lambda: heard.count("reports") > before, message="the resume to be heard")
+            wait_for(lambda: "resumed:reports" in heard, message="the resume to be heard")
             go_on.set()
             wait_for(lambda: status(result) == "successful", timeout=5, message="the job to run")
     finally:

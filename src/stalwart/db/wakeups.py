@@ -13,7 +13,20 @@ from typing import Any
 
 from stalwart.db.dialect import Dialect
 
-CHANNEL = "stalwart"  # payload: a queue that has a new ready job
+CHANNEL = "stalwart"  # payload: a queue that has a new ready job, or was resumed (below)
+# A resume's payload: this prefix, then the queue. A queue name has no ':', so no queue's
+# payload looks like it. A worker reads its pauses again for a resume, and need not wake at
+# all for a new job in a queue it knows is paused.
+RESUMED = "resumed:"
+
+
+def read_payload(payload: str) -> tuple[str, bool]:
+    """A notification's queue, and whether it was resumed (rather than given a job)."""
+    if payload.startswith(RESUMED):
+        return payload[len(RESUMED) :], True
+    return payload, False
+
+
 # Payload: when a new scheduled job is due, in seconds since the epoch on the database's
 # clock. Dispatchers sleep until their next due job, and wake for one due sooner.
 SCHEDULED_CHANNEL = "stalwart_scheduled"

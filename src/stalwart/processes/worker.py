@@ -27,6 +27,7 @@ from stalwart import events
 from stalwart.conf import Options, WorkerOptions
 from stalwart.control import paused_queues
 from stalwart.db import ClaimedJob
+from stalwart.db.wakeups import read_payload
 from stalwart.exceptions import JobTimedOut
 from stalwart.jobs import JobStore
 from stalwart.models import JobStatus
@@ -105,12 +106,9 @@ class Worker(Role):
         self._next_reconcile = 0.0
         self._next_memory_check = 0.0
         self._next_pause_check = 0.0
-        # Set by the listener's thread: a queue we think paused was notified (resumed, or
-        # enqueued to while still paused), or any served queue was, while the pauses were
-        # being read (the read may have begun before a resume committed, and the list it
-        # replaces may not name the queue yet); the next round reads the pauses again.
+        # Set by the listener's thread when it hears a resume of a queue we serve: the
+        # next round reads the pauses again (what we read, or are reading, may be older).
         self._pauses_stale = False
-        self._reading_pauses = False
         # Whether the next round claims: woken (a notification, a job finished, a signal),
         # or the poll is due. A round that only keeps time (reconcile, timeouts, memory,
         # chores) asks the database nothing else.
@@ -171,26 +169,23 @@ class Worker(Role):
             return LISTENER_DOWN_POLL
         return NOTIFIED_POLL
 
-    def _heard(self, queue_name: str) -> bool:
-        """Whether a notification for ``queue_name`` should wake us (the listener's thread
-        asks). One for a queue we think paused makes us read the pauses again: it was
-        resumed, most likely, and we would otherwise claim past it until the next read."""
+    def _heard(self, payload: str) -> bool:
+        """Whether a notification should wake us (the listener's thread asks). A resume of
+        a queue we serve makes us read the pauses again before we claim (we may have read
+        them, or be reading them, from before it); a new job in a queue we know is paused
+        is none of ours until its resume."""
+        queue_name, resumed = read_payload(payload)
         if not self.selector.serves(queue_name):
             return False
-        # In this order: a read that had not begun when we look at the flag sees the
-        # resume; one that has ended has already replaced the list we look at next.
-        if self._reading_pauses or queue_name in self._paused:
+        if resumed:
             self._pauses_stale = True
-        return True
+            return True
+        return queue_name not in self._paused
 
     def _read_pauses(self) -> None:
-        """Read the paused queues; a notification heard meanwhile has the next round read
-        them again (see ``_heard``)."""
-        self._reading_pauses = True
-        try:
-            self._paused = paused_queues(database=self.database)
-        finally:
-            self._reading_pauses = False
+        """Read the paused queues (those a resume heard from now on is read again)."""
+        self._pauses_stale = False  # before the read: a resume heard during it counts
+        self._paused = paused_queues(database=self.database)
 
     def _wait_time(self) -> float:
         """Seconds until the loop has something to do unasked: poll, reconcile, promote,
@@ -267,7 +262,6 @@ class Worker(Role):
             return False  # a round that keeps time: nothing to claim for, nothing to write
         self._look = True  # until this round has claimed: a failed one looks again
         if now >= self._next_pause_check or self._pauses_stale:
-            self._pauses_stale = False  # before the read: a notification during it counts
             self._read_pauses()
             self._isolated_waiting = self.store.isolated_waiting(
                 selector=self.selector, paused=self._paused
