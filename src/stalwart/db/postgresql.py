@@ -16,6 +16,9 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import DatabaseError
+
+from stalwart import events
 from stalwart.db.base import (
     CLAIM_COLUMNS,
     INSERT_COLUMNS,
@@ -140,17 +143,33 @@ _FINISHED_AS_CLAIMED = ", ".join(
 )
 
 
-def _server_bound_cursor(connection: Any) -> Any:
-    """A psycopg cursor that binds on the server and never prepares its statements: a
-    prepared statement lives in one server session, which a pooler in transaction mode
-    (PgBouncer) does not keep from one transaction to the next."""
+def _server_bound_cursor(connection: Any, *, prepare: bool = False) -> Any:
+    """A psycopg cursor that binds on the server. It never prepares its statements, unless
+    ``prepare``: a prepared statement lives in one server session, which a pooler in
+    transaction mode (PgBouncer) does not keep from one transaction to the next. psycopg
+    prepares one only on a session whose ``prepare_threshold`` is set: the queue's own
+    sessions not behind such a pooler (``stalwart.db.session``); elsewhere ``prepare`` is
+    ignored, and the statement is bound without being prepared."""
+    return _bound_cursor_class(prepare)(connection)
+
+
+@functools.cache
+def _bound_cursor_class(prepare: bool) -> type:
     import psycopg  # here: SQLite-only projects import this module without psycopg
 
-    class Unprepared(psycopg.Cursor):
+    class Bound(psycopg.Cursor):
         def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
-            return super().execute(query, params, **{**options, "prepare": False})
+            return super().execute(query, params, **{**options, "prepare": prepare})
 
-    return Unprepared(connection)
+    return Bound
+
+
+def _prepared_statement_lost(error: BaseException) -> bool:
+    """Whether ``error`` says the session does not have the prepared statement psycopg
+    knows it made (or has one of that name already): a pooler in transaction mode that
+    nobody told us about has handed us another server session."""
+    state = getattr(error.__cause__ or error, "sqlstate", None)
+    return state in ("26000", "42P05")  # invalid_sql_statement_name, duplicate_prepared_...
 
 
 class PostgreSQLStatements(Statements):
@@ -261,7 +280,11 @@ class PostgreSQLStatements(Statements):
           listed by a loose scan, those claimed from kept, and each one's head read from
           ``claim_queue`` (up to ``limit`` rows each, locked, the best ``limit`` kept).
         - isolated jobs (one at a time, rare): the small ``stalwart_job_isolated`` index.
+
+        The limit is written into the text, not passed: a prepared statement's generic plan
+        (``_fetch_prepared``) would take a parameter for a tenth of the table.
         """
+        limit = int(limit)  # written into the SQL: an int, whatever it came as
         claimant = "AND EXISTS (SELECT 1 FROM claimant)"
         if isolated:
             conditions, params = self.queue_filter(pattern, excluded)
@@ -271,10 +294,10 @@ class PostgreSQLStatements(Statements):
                 SELECT id FROM stalwart_job
                 WHERE status = 'ready' AND isolated {conditions} {claimant}
                 ORDER BY priority DESC, available_at, id
-                LIMIT %s
+                LIMIT {limit}
                 FOR UPDATE SKIP LOCKED
             )""",
-                [*params, limit],
+                params,
                 False,
             )
         exclusions, exclusion_params = self.queue_filter(QueuePattern("", is_prefix=True), excluded)
@@ -286,10 +309,10 @@ class PostgreSQLStatements(Statements):
                 WHERE status = 'ready' AND NOT isolated AND queue_name = ANY(%s::text[])
                   {exclusions} {claimant}
                 ORDER BY queue_name, priority DESC, available_at, id
-                LIMIT %s
+                LIMIT {limit}
                 FOR UPDATE SKIP LOCKED
             )""",
-                [[pattern.name], *exclusion_params, limit],
+                [[pattern.name], *exclusion_params],
                 False,
             )
         if pattern.matches_all and not excluded:
@@ -299,10 +322,10 @@ class PostgreSQLStatements(Statements):
                 SELECT id FROM stalwart_job
                 WHERE status = 'ready' AND NOT isolated {claimant}
                 ORDER BY priority DESC, available_at, id
-                LIMIT %s
+                LIMIT {limit}
                 FOR UPDATE SKIP LOCKED
             )""",
-                [limit],
+                [],
                 False,
             )
         conditions, params = self.queue_filter(pattern, excluded)
@@ -318,13 +341,13 @@ class PostgreSQLStatements(Statements):
                     WHERE status = 'ready' AND NOT isolated
                       AND queue_name = ANY(ARRAY[queue.queue_name]) {claimant}
                     ORDER BY queue_name, priority DESC, available_at, id
-                    LIMIT %s
+                    LIMIT {limit}
                     FOR UPDATE SKIP LOCKED
                 ) AS head
                 ORDER BY head.priority DESC, head.available_at, head.id
-                LIMIT %s
+                LIMIT {limit}
             )""",
-            [*params, limit, limit],
+            params,
             True,
         )
 
@@ -418,6 +441,40 @@ class PostgreSQLStatements(Statements):
 
     can_finish_and_claim = True
 
+    def _fetch_prepared(self, cursor: Any, sql: str, params: list) -> list:
+        """Run a statement of a busy worker's every turn, and return its rows: bound on the
+        server (its arrays go as binary parameters, not quoted into the SQL text) and, on a
+        session that allows it, prepared. Planned at every call, such a statement spends
+        more time being planned than being run; prepared, PostgreSQL plans it a few times,
+        then keeps a generic plan if that plan is as cheap as the custom ones were (every
+        limit is written into the text for that: a parameter would be planned as a tenth of
+        the table).
+
+        Behind a pooler in transaction mode that nobody told us about, a prepared statement
+        vanishes with its server session: then this connection prepares nothing more."""
+        if self.connection.queries_logged:
+            # Logged queries, as under DEBUG: Django's logging cursor, which binds here.
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+        raw = getattr(cursor, "cursor", cursor).connection
+        sql = sql.replace("%s", "%b")
+        with self.connection.make_cursor(_server_bound_cursor(raw, prepare=True)) as bound:
+            try:
+                bound.execute(sql, params)
+            except DatabaseError as error:
+                if not _prepared_statement_lost(error) or self.connection.in_atomic_block:
+                    raise
+                # Not run: the server refused to bind it (or to prepare it). Again, unprepared.
+                raw.prepare_threshold = None
+                events.emit(
+                    "prepared_statements_lost",
+                    error=f"{type(error).__name__}: {error}",
+                    reason="the server session changed under the connection (a pooler in "
+                    "transaction mode?): its statements are no longer prepared",
+                )
+                bound.execute(sql, params)
+            return bound.fetchall()
+
     def finish_and_claim(
         self,
         cursor: Any,
@@ -437,7 +494,8 @@ class PostgreSQLStatements(Statements):
         rows and needs the claimant's row, exactly as when they run apart.
         """
         ctes, params, recursive = self._claim_ctes(pattern, excluded, limit, isolated)
-        cursor.execute(
+        rows = self._fetch_prepared(
+            cursor,
             ("WITH RECURSIVE" if recursive else "WITH")
             + self._OUTCOME_CTES
             + ",\n            finished AS ("
@@ -457,7 +515,6 @@ class PostgreSQLStatements(Statements):
                 worker_name,
             ],
         )
-        rows = cursor.fetchall()
         finished_at = CLAIM_COLUMNS.index("last_attempted_at")
         written = {row[1]: row[1 + finished_at] for row in rows if row[0] == "f"}
         claimed = self.claimed_from_rows([row[1:] for row in rows if row[0] == "c"])
