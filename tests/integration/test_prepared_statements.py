@@ -149,3 +149,55 @@ def test_a_prepared_statement_its_session_lost_is_run_again_unprepared(
     lost = [fields for action, fields in recorded_events if action == "prepared_statements_lost"]
     assert len(lost) == 1
     assert "does not exist" in lost[0]["error"]
+
+
+AWKWARD = [
+    'a "quoted" word',
+    'back\\slash \\\\ and \\"',
+    "{braces, commas}",
+    "NULL",
+    "",
+    "line\nbreak\ttab",
+    "ünïcödé ✓",
+]
+
+
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "client-bound"])
+def test_outcome_texts_reach_the_rows_unchanged_whatever_they_hold(postgresql, backlog, prepared):
+    """The outcome arrays go to the server as array literals quoted here: every character
+    of a return value or an error list must come out as it went in."""
+    import json
+
+    def work() -> list:
+        store = JobStore("default")
+        claimed = store.claim(
+            owner=OWNER, worker_name="w31", selector=EVERYTHING, limit=len(AWKWARD)
+        )
+        outcomes = []
+        for job, text in zip(claimed, AWKWARD, strict=True):
+            errors = json.dumps([{"exception_class_path": text, "traceback": text}])
+            outcomes.append(
+                Outcome(id=job.id, attempt=job.attempt, status="failed", errors=errors)
+                if job is claimed[0]
+                else Outcome(
+                    id=job.id,
+                    attempt=job.attempt,
+                    status="successful",
+                    return_value=json.dumps(text),
+                )
+            )
+        if prepared:
+            written, _ = store.finish_and_claim(
+                owner=OWNER, outcomes=outcomes, worker_name="w31", selector=EVERYTHING, limit=1
+            )
+        else:
+            written = store.finish(owner=OWNER, outcomes=outcomes)
+        assert len(written) == len(AWKWARD)
+        return [(job.id, text) for job, text in zip(claimed, AWKWARD, strict=True)]
+
+    pairs = in_bookkeeping_thread(work) if prepared else work()
+    first_id, first_text = pairs[0]
+    failed = Job.objects.get(pk=first_id)
+    assert failed.errors == [{"exception_class_path": first_text, "traceback": first_text}]
+    for job_id, text in pairs[1:]:
+        assert Job.objects.get(pk=job_id).return_value == text

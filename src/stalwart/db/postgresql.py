@@ -164,6 +164,28 @@ def _bound_cursor_class(prepare: bool) -> type:
     return Bound
 
 
+def _quoted(text: str | None) -> str:
+    """One element of an array literal: ``NULL``, or the text in double quotes (with its
+    backslashes and double quotes escaped, as the array parser reads them)."""
+    if text is None:
+        return "NULL"
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _array_literal(elements: Sequence[str]) -> str:
+    """``{a,b,...}``: elements already written as the array parser reads them."""
+    return "{" + ",".join(elements) + "}"
+
+
+@functools.lru_cache(maxsize=64)
+def _compact_bound(sql: str) -> str:
+    """``sql`` with its parameters bound in binary (``%b``), without its indentation and
+    comment lines: psycopg parses a statement's placeholders once and keeps the result only
+    for statements up to 4,096 characters (otherwise each call pays for it again)."""
+    lines = (line.strip() for line in sql.replace("%s", "%b").splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
+
+
 def _prepared_statement_lost(error: BaseException) -> bool:
     """Whether ``error`` says the session does not have the prepared statement psycopg
     knows it made (or has one of that name already): a pooler in transaction mode that
@@ -419,16 +441,23 @@ class PostgreSQLStatements(Statements):
 
     @staticmethod
     def _outcome_params(outcomes: Sequence[Outcome], owner: int) -> list:
+        """The outcome arrays, each as one array literal the server parses (a text
+        parameter), not a list the driver adapts element by element in Python."""
         # Outcomes go in id order, so concurrent writers lock rows in one order.
         outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
         return [
-            [outcome.id for outcome in outcomes],
-            [outcome.attempt for outcome in outcomes],
-            [outcome.status for outcome in outcomes],
-            [outcome.return_value for outcome in outcomes],
-            [outcome.errors for outcome in outcomes],
-            [outcome.retry_in for outcome in outcomes],
-            [outcome.keep_owner for outcome in outcomes],
+            _array_literal([str(outcome.id) for outcome in outcomes]),
+            _array_literal([str(outcome.attempt) for outcome in outcomes]),
+            _array_literal([_quoted(outcome.status) for outcome in outcomes]),
+            _array_literal([_quoted(outcome.return_value) for outcome in outcomes]),
+            _array_literal([_quoted(outcome.errors) for outcome in outcomes]),
+            _array_literal(
+                [
+                    "NULL" if outcome.retry_in is None else repr(float(outcome.retry_in))
+                    for outcome in outcomes
+                ]
+            ),
+            _array_literal(["t" if outcome.keep_owner else "f" for outcome in outcomes]),
             owner,
         ]
 
@@ -457,7 +486,7 @@ class PostgreSQLStatements(Statements):
             cursor.execute(sql, params)
             return cursor.fetchall()
         raw = getattr(cursor, "cursor", cursor).connection
-        sql = sql.replace("%s", "%b")
+        sql = _compact_bound(sql)
         with self.connection.make_cursor(_server_bound_cursor(raw, prepare=True)) as bound:
             try:
                 bound.execute(sql, params)
