@@ -16,14 +16,11 @@ from stalwart.queues import QueueSelector
 from tests.helpers import PGBOUNCER, register_processes
 from tests.testapp import tasks
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        PGBOUNCER,
-        reason="looks at the prepared statements of one server session: through PgBouncer, "
-        "each transaction may run on another",
-    ),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
+# Through PgBouncer, each transaction may run on another server session.
+ONE_SESSION = pytest.mark.skipif(
+    PGBOUNCER, reason="looks at the prepared statements of one server session"
+)
 
 EVERYTHING = QueueSelector.parse("*")
 OWNER = 31
@@ -101,6 +98,7 @@ def backlog():
     return [tasks.noop.enqueue() for _ in range(40)]
 
 
+@ONE_SESSION
 def test_the_queues_own_session_prepares_finish_and_claim_and_keeps_a_generic_plan(
     postgresql, backlog
 ):
@@ -118,6 +116,7 @@ def test_the_queues_own_session_prepares_finish_and_claim_and_keeps_a_generic_pl
         assert cursor.fetchone() == (0,)
 
 
+@ONE_SESSION
 def test_behind_a_declared_pooler_nothing_is_prepared(postgresql, backlog):
     seen = in_bookkeeping_thread(turns(10), pooled=True)
     assert seen["prepared"] == []
@@ -125,6 +124,7 @@ def test_behind_a_declared_pooler_nothing_is_prepared(postgresql, backlog):
     assert Job.objects.filter(status="successful").count() == 20
 
 
+@ONE_SESSION
 def test_a_prepared_statement_its_session_lost_is_run_again_unprepared(
     postgresql, backlog, recorded_events
 ):
@@ -162,6 +162,7 @@ AWKWARD = [
 ]
 
 
+@ONE_SESSION
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "client-bound"])
 def test_outcome_texts_reach_the_rows_unchanged_whatever_they_hold(postgresql, backlog, prepared):
     """The outcome arrays go to the server as array literals quoted here: every character
@@ -201,3 +202,23 @@ def test_outcome_texts_reach_the_rows_unchanged_whatever_they_hold(postgresql, b
     assert failed.errors == [{"exception_class_path": first_text, "traceback": first_text}]
     for job_id, text in pairs[1:]:
         assert Job.objects.get(pk=job_id).return_value == text
+
+
+@pytest.mark.skipif(not PGBOUNCER, reason="needs PgBouncer (python -m tests.pgbouncer)")
+def test_an_undeclared_pooler_that_refuses_the_options_gets_nothing_prepared(
+    postgresql, backlog, recorded_events
+):
+    """PgBouncer, not declared with transaction_pooler: it refuses the timeouts' ``options``
+    startup parameter, and the connection made without it prepares nothing either."""
+
+    def work() -> dict:
+        seen = turns(10)()
+        seen["threshold"] = connections["default"].connection.prepare_threshold
+        return seen
+
+    seen = in_bookkeeping_thread(work, pooled=False)
+    assert "session_options_refused" in [action for action, _ in recorded_events]
+    assert seen["threshold"] is None
+    assert len(seen["written"]) == 2
+    assert "prepared_statements_lost" not in [action for action, _ in recorded_events]
+    assert Job.objects.filter(status="successful").count() == 20
