@@ -313,9 +313,72 @@ def unfinished() -> bool:
     )
 
 
-def drain(task_name: str, count: int, processes: int, threads: int, *, bare: bool) -> float:
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user and system) these processes have used so far, all threads included."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def backend_pids() -> list[int]:
+    """The server processes of the benchmark's database but this one's own, when the
+    server runs on this machine (else none: their CPU cannot be read from here)."""
+    import psutil
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in cursor.fetchall()]
+    local = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).name().startswith("postgres"):
+                local.append(pid)
+        except psutil.Error:
+            continue
+    return local
+
+
+class CpuMeter:
+    """CPU per job of a drain, in microseconds: the worker processes', and their server
+    processes' (PostgreSQL on this machine). Less noisy than a rate on a shared machine:
+    another program's load slows a drain, but barely changes what each job costs."""
+
+    def __init__(self, workers: list[subprocess.Popen]) -> None:
+        self.workers = [worker.pid for worker in workers]
+        self.database = postgresql()
+        self.backends: dict[int, float] = {}
+        self.worker_start = cpu_seconds(self.workers)
+        if self.database:
+            self.backends = {pid: cpu_seconds([pid]) for pid in backend_pids()}
+
+    def per_job(self, count: int) -> str:
+        worker = cpu_seconds(self.workers) - self.worker_start
+        text = f"worker CPU {worker / count * 1e6:.0f} µs/job"
+        if self.database:
+            # A server process born during the drain (a job thread's connection) counts whole.
+            backend = sum(
+                cpu_seconds([pid]) - self.backends.get(pid, 0.0) for pid in backend_pids()
+            )
+            text += f", server {backend / count * 1e6:.0f} µs/job"
+        return text
+
+
+def drain(
+    task_name: str, count: int, processes: int, threads: int, *, bare: bool
+) -> tuple[float, str]:
     """Seconds ``processes`` workers of ``threads`` threads take to run ``count`` jobs of
-    ``task_name``: Stalwart's ``queue work``, or the bare worker."""
+    ``task_name`` (Stalwart's ``queue work``, or the bare worker), and the CPU per job."""
     import benchmarks.tasks
     from stalwart import Call, enqueue_many
 
@@ -333,6 +396,7 @@ def drain(task_name: str, count: int, processes: int, threads: int, *, bare: boo
             wait_registered(processes)
         from django.db import transaction
 
+        meter = CpuMeter(workers)
         with transaction.atomic():  # the clock starts at the commit: the workers' NOTIFY
             enqueue_many(task, [Call() for _ in range(count)])
             analyze_jobs()
@@ -340,10 +404,11 @@ def drain(task_name: str, count: int, processes: int, threads: int, *, bare: boo
         while unfinished():
             time.sleep(0.02)
         elapsed = time.perf_counter() - start
+        cpu = meter.per_job(count)
     finally:
         stop_workers(workers)
     clear_jobs()
-    return elapsed
+    return elapsed, cpu
 
 
 def bench_drain(task_name: str, count: int, processes: int, threads: int) -> None:
@@ -351,10 +416,12 @@ def bench_drain(task_name: str, count: int, processes: int, threads: int) -> Non
     shape = f"{processes} proc x {threads} threads"
     base = None
     if postgresql():
-        seconds = drain(task_name, count, processes, threads, bare=True)
+        seconds, cpu = drain(task_name, count, processes, threads, bare=True)
         base = report(f"ref: bare worker, {what}, {shape}", count, seconds)
-    seconds = drain(task_name, count, processes, threads, bare=False)
+        print(f"{'':<38}{cpu}")
+    seconds, cpu = drain(task_name, count, processes, threads, bare=False)
     report(f"drain, {what}, {shape}", count, seconds, base)
+    print(f"{'':<38}{cpu}")
 
 
 def bench_latency(samples: int) -> None:

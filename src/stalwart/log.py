@@ -78,6 +78,7 @@ _LEVELS = {
     "outcome_deferred": logging.INFO,
     "metrics_not_stored": logging.WARNING,
     "session_options_refused": logging.WARNING,
+    "prepared_statements_lost": logging.WARNING,
     "code_changed": logging.INFO,
 }
 

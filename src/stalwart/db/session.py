@@ -9,16 +9,19 @@ on PostgreSQL, in its startup packet (so at no cost, and for the session's whole
 - a ``statement_timeout`` and a ``lock_timeout``, so no application transaction can wedge the
   queue's own writes: a wait ends in an error, which the caller retries or reports, instead
   of a process that hangs for ever;
-- a ``connect_timeout``.
+- a ``connect_timeout``;
+- psycopg's ``prepare_threshold``, set so that it prepares the statements that ask for it
+  (the worker's finish-and-claim, see ``stalwart.db.postgresql``) and no other, unless
+  ``DATABASES`` sets one.
 
 They are startup parameters, not ``SET`` commands: behind a pooler in transaction mode a
 ``SET`` would stay on the server connection and reach whichever client gets it next. Such a
 pooler cannot carry them either: PgBouncer refuses the ``options`` parameter, or drops it
 when told to ignore it. So with ``pooled`` (the setting ``transaction_pooler``) the timeouts
-are not sent at all, and ``application_name`` (which PgBouncer passes on) and the
-``connect_timeout`` are kept. A pooler nobody told us about that refuses the ``options``
-parameter gets a connection without the timeouts (and one ``session_options_refused``
-event).
+are not sent at all, nor is anything prepared, and ``application_name`` (which PgBouncer
+passes on) and the ``connect_timeout`` are kept. A pooler nobody told us about that refuses
+the ``options`` parameter gets a connection without the timeouts and without prepared
+statements (and one ``session_options_refused`` event).
 
 On MySQL and MariaDB, which have no startup parameters for them, the same bounds are set on
 each new session right after it connects: ``innodb_lock_wait_timeout`` (whole seconds, 1 at
@@ -30,12 +33,17 @@ use Django's connection pool, if ``OPTIONS["pool"]`` sets one up.
 """
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
 
 from stalwart import events
+
+# psycopg prepares a statement once it has run this many times: never, unless the statement
+# asks to be (``prepare=True``). Without a threshold (None) it would not even then.
+PREPARED_WHEN_ASKED = sys.maxsize
 
 
 def bookkeeping(
@@ -78,6 +86,7 @@ def bookkeeping(
             # before 1.21 cannot carry them in transaction mode): never for the queue's own.
             options.pop("prepare_threshold", None)
         else:
+            options.setdefault("prepare_threshold", PREPARED_WHEN_ASKED)
             _with_timeouts(connection, statement_timeout, lock_timeout)
         if connection.connection is not None:
             connection.close()  # the next statement opens a session with these parameters
@@ -155,6 +164,9 @@ def _without_refused_options(connection: Any) -> None:
                 raise
         options = dict(connection.settings_dict["OPTIONS"])
         options.pop("options", None)
+        # A pooler, most likely: it would lose a prepared statement with its server session.
+        if options.get("prepare_threshold") == PREPARED_WHEN_ASKED:
+            options.pop("prepare_threshold")
         connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
         events.emit(
             "session_options_refused",
@@ -162,6 +174,9 @@ def _without_refused_options(connection: Any) -> None:
             reason="the server (a pooler?) refuses the 'options' startup parameter: the "
             "queue's statement_timeout and lock_timeout are not set on its connections",
         )
-        return connect({key: value for key, value in conn_params.items() if key != "options"})
+        kept = {key: value for key, value in conn_params.items() if key != "options"}
+        if "prepare_threshold" in kept:
+            kept["prepare_threshold"] = options.get("prepare_threshold")
+        return connect(kept)
 
     connection.get_new_connection = get_new_connection

@@ -17,6 +17,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import DatabaseError
+
+from stalwart import events
 from stalwart.db.claims import NO_LIVE_OWNER, Claims
 from stalwart.db.rows import (
     CLAIM_COLUMNS,
@@ -159,17 +162,55 @@ _FINISHED_AS_CLAIMED = ", ".join(
 )
 
 
-def _server_bound_cursor(connection: Any) -> Any:
-    """A psycopg cursor that binds on the server and never prepares its statements: a
-    prepared statement lives in one server session, which a pooler in transaction mode
-    (PgBouncer) does not keep from one transaction to the next."""
+def _server_bound_cursor(connection: Any, *, prepare: bool = False) -> Any:
+    """A psycopg cursor that binds on the server. It never prepares its statements, unless
+    ``prepare``: a prepared statement lives in one server session, which a pooler in
+    transaction mode (PgBouncer) does not keep from one transaction to the next. psycopg
+    prepares one only on a session whose ``prepare_threshold`` is set: the queue's own
+    sessions not behind such a pooler (``stalwart.db.session``); elsewhere ``prepare`` is
+    ignored, and the statement is bound without being prepared."""
+    return _bound_cursor_class(prepare)(connection)
+
+
+@functools.cache
+def _bound_cursor_class(prepare: bool) -> type:
     import psycopg  # here: SQLite-only projects import this module without psycopg
 
-    class Unprepared(psycopg.Cursor):
+    class Bound(psycopg.Cursor):
         def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
-            return super().execute(query, params, **{**options, "prepare": False})
+            return super().execute(query, params, **{**options, "prepare": prepare})
 
-    return Unprepared(connection)
+    return Bound
+
+
+def _quoted(text: str | None) -> str:
+    """One element of an array literal: ``NULL``, or the text in double quotes (with its
+    backslashes and double quotes escaped, as the array parser reads them)."""
+    if text is None:
+        return "NULL"
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _array_literal(elements: Sequence[str]) -> str:
+    """``{a,b,...}``: elements already written as the array parser reads them."""
+    return "{" + ",".join(elements) + "}"
+
+
+@functools.lru_cache(maxsize=64)
+def _compact_bound(sql: str) -> str:
+    """``sql`` with its parameters bound in binary (``%b``), without its indentation and
+    comment lines: psycopg parses a statement's placeholders once and keeps the result only
+    for statements up to 4,096 characters (otherwise each call pays for it again)."""
+    lines = (line.strip() for line in sql.replace("%s", "%b").splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
+
+
+def _prepared_statement_lost(error: BaseException) -> bool:
+    """Whether ``error`` says the session does not have the prepared statement psycopg
+    knows it made (or has one of that name already): a pooler in transaction mode that
+    nobody told us about has handed us another server session."""
+    state = getattr(error.__cause__ or error, "sqlstate", None)
+    return state in ("26000", "42P05")  # invalid_sql_statement_name, duplicate_prepared_...
 
 
 class PostgreSQLClaims(Claims):
@@ -276,7 +317,11 @@ class PostgreSQLClaims(Claims):
           listed by a loose scan, those claimed from kept, and each one's head read from
           ``claim_queue`` (up to ``limit`` rows each, locked, the best ``limit`` kept).
         - isolated jobs (one at a time, rare): the small ``stalwart_job_isolated`` index.
+
+        The limit is written into the text, not passed: a prepared statement's generic plan
+        (``_fetch_prepared``) would take a parameter for a tenth of the table.
         """
+        limit = int(limit)  # written into the SQL: an int, whatever it came as
         claimant = "AND EXISTS (SELECT 1 FROM claimant)"
         if isolated:
             conditions, params = self.queue_filter(pattern, excluded)
@@ -286,10 +331,10 @@ class PostgreSQLClaims(Claims):
                 SELECT id FROM stalwart_job
                 WHERE status = 'ready' AND isolated {conditions} {claimant}
                 ORDER BY priority DESC, available_at, id
-                LIMIT %s
+                LIMIT {limit}
                 FOR UPDATE SKIP LOCKED
             )""",
-                [*params, limit],
+                params,
                 False,
             )
         exclusions, exclusion_params = self.queue_filter(QueuePattern("", is_prefix=True), excluded)
@@ -301,10 +346,10 @@ class PostgreSQLClaims(Claims):
                 WHERE status = 'ready' AND NOT isolated AND queue_name = ANY(%s::text[])
                   {exclusions} {claimant}
                 ORDER BY queue_name, priority DESC, available_at, id
-                LIMIT %s
+                LIMIT {limit}
                 FOR UPDATE SKIP LOCKED
             )""",
-                [[pattern.name], *exclusion_params, limit],
+                [[pattern.name], *exclusion_params],
                 False,
             )
         if pattern.matches_all and not excluded:
@@ -314,10 +359,10 @@ class PostgreSQLClaims(Claims):
                 SELECT id FROM stalwart_job
                 WHERE status = 'ready' AND NOT isolated {claimant}
                 ORDER BY priority DESC, available_at, id
-                LIMIT %s
+                LIMIT {limit}
                 FOR UPDATE SKIP LOCKED
             )""",
-                [limit],
+                [],
                 False,
             )
         conditions, params = self.queue_filter(pattern, excluded)
@@ -333,13 +378,13 @@ class PostgreSQLClaims(Claims):
                     WHERE status = 'ready' AND NOT isolated
                       AND queue_name = ANY(ARRAY[queue.queue_name]) {claimant}
                     ORDER BY queue_name, priority DESC, available_at, id
-                    LIMIT %s
+                    LIMIT {limit}
                     FOR UPDATE SKIP LOCKED
                 ) AS head
                 ORDER BY head.priority DESC, head.available_at, head.id
-                LIMIT %s
+                LIMIT {limit}
             )""",
-            [*params, limit, limit],
+            params,
             True,
         )
 
@@ -411,16 +456,23 @@ class PostgreSQLClaims(Claims):
 
     @staticmethod
     def _outcome_params(outcomes: Sequence[Outcome], owner: int) -> list:
+        """The outcome arrays, each as one array literal the server parses (a text
+        parameter), not a list the driver adapts element by element in Python."""
         # Outcomes go in id order, so concurrent writers lock rows in one order.
         outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
         return [
-            [outcome.id for outcome in outcomes],
-            [outcome.attempt for outcome in outcomes],
-            [outcome.status for outcome in outcomes],
-            [outcome.return_value for outcome in outcomes],
-            [outcome.errors for outcome in outcomes],
-            [outcome.retry_in for outcome in outcomes],
-            [outcome.keep_owner for outcome in outcomes],
+            _array_literal([str(outcome.id) for outcome in outcomes]),
+            _array_literal([str(outcome.attempt) for outcome in outcomes]),
+            _array_literal([_quoted(outcome.status) for outcome in outcomes]),
+            _array_literal([_quoted(outcome.return_value) for outcome in outcomes]),
+            _array_literal([_quoted(outcome.errors) for outcome in outcomes]),
+            _array_literal(
+                [
+                    "NULL" if outcome.retry_in is None else repr(float(outcome.retry_in))
+                    for outcome in outcomes
+                ]
+            ),
+            _array_literal(["t" if outcome.keep_owner else "f" for outcome in outcomes]),
             owner,
         ]
 
@@ -432,6 +484,40 @@ class PostgreSQLClaims(Claims):
         return dict(cursor.fetchall())
 
     can_finish_and_claim = True
+
+    def _fetch_prepared(self, cursor: Any, sql: str, params: list) -> list:
+        """Run a statement of a busy worker's every turn, and return its rows: bound on the
+        server (its arrays go as binary parameters, not quoted into the SQL text) and, on a
+        session that allows it, prepared. Planned at every call, such a statement spends
+        more time being planned than being run; prepared, PostgreSQL plans it a few times,
+        then keeps a generic plan if that plan is as cheap as the custom ones were (every
+        limit is written into the text for that: a parameter would be planned as a tenth of
+        the table).
+
+        Behind a pooler in transaction mode that nobody told us about, a prepared statement
+        vanishes with its server session: then this connection prepares nothing more."""
+        if self.connection.queries_logged:
+            # Logged queries, as under DEBUG: Django's logging cursor, which binds here.
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+        raw = getattr(cursor, "cursor", cursor).connection
+        sql = _compact_bound(sql)
+        with self.connection.make_cursor(_server_bound_cursor(raw, prepare=True)) as bound:
+            try:
+                bound.execute(sql, params)
+            except DatabaseError as error:
+                if not _prepared_statement_lost(error) or self.connection.in_atomic_block:
+                    raise
+                # Not run: the server refused to bind it (or to prepare it). Again, unprepared.
+                raw.prepare_threshold = None
+                events.emit(
+                    "prepared_statements_lost",
+                    error=f"{type(error).__name__}: {error}",
+                    reason="the server session changed under the connection (a pooler in "
+                    "transaction mode?): its statements are no longer prepared",
+                )
+                bound.execute(sql, params)
+            return bound.fetchall()
 
     def finish_and_claim(
         self,
@@ -452,7 +538,8 @@ class PostgreSQLClaims(Claims):
         rows and needs the claimant's row, exactly as when they run apart.
         """
         ctes, params, recursive = self._claim_ctes(pattern, excluded, limit, isolated)
-        cursor.execute(
+        rows = self._fetch_prepared(
+            cursor,
             ("WITH RECURSIVE" if recursive else "WITH")
             + self._OUTCOME_CTES
             + ",\n            finished AS ("
@@ -472,7 +559,6 @@ class PostgreSQLClaims(Claims):
                 worker_name,
             ],
         )
-        rows = cursor.fetchall()
         finished_at = CLAIM_COLUMNS.index("last_attempted_at")
         written = {row[1]: row[1 + finished_at] for row in rows if row[0] == "f"}
         claimed = self.claimed_from_rows([row[1:] for row in rows if row[0] == "c"])

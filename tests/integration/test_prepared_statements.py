@@ -1,0 +1,224 @@
+"""The worker's finish-and-claim on PostgreSQL: prepared in the queue's own sessions (so it is
+planned once, not at every turn), never behind a declared pooler, and run again unprepared
+when its server session lost it."""
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from stalwart.db import Outcome
+from stalwart.jobs import JobStore
+from stalwart.models import Job
+from stalwart.queues import QueueSelector
+from tests.helpers import PGBOUNCER, register_processes
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+# Through PgBouncer, each transaction may run on another server session.
+ONE_SESSION = pytest.mark.skipif(
+    PGBOUNCER, reason="looks at the prepared statements of one server session"
+)
+
+EVERYTHING = QueueSelector.parse("*")
+OWNER = 31
+
+
+@pytest.fixture
+def postgresql(vendor):
+    if vendor != "postgresql":
+        pytest.skip("psycopg's server-side prepared statements: PostgreSQL's")
+
+
+def in_bookkeeping_thread(work: Callable[[], Any], *, pooled: bool = False) -> Any:
+    """``work()``'s result, run on a thread whose sessions are the queue's own."""
+    from stalwart.db.session import bookkeeping
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            bookkeeping(
+                "default",
+                application_name="stalwart:worker:31",
+                statement_timeout=5,
+                lock_timeout=1,
+                pooled=pooled,
+            )
+            outcome["value"] = work()
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            outcome["error"] = error
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def turns(count: int) -> Callable[[], dict]:
+    """A worker's turns, as its loop takes them: each writes the outcomes of the jobs the
+    previous one claimed, and claims as many. Returns what the last turn wrote and claimed,
+    and the session's prepared statements."""
+
+    def work() -> dict:
+        store = JobStore("default")
+        claimed = store.claim(owner=OWNER, worker_name="w31", selector=EVERYTHING, limit=2)
+        written: dict = {}
+        for _ in range(count):
+            written, claimed = store.finish_and_claim(
+                owner=OWNER,
+                outcomes=[
+                    Outcome(id=job.id, attempt=job.attempt, status="successful") for job in claimed
+                ],
+                worker_name="w31",
+                selector=EVERYTHING,
+                limit=2,
+            )
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT statement, generic_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE '%%finished AS%%'"
+            )
+            prepared = cursor.fetchall()
+        return {"written": written, "claimed": claimed, "prepared": prepared}
+
+    return work
+
+
+@pytest.fixture
+def backlog():
+    register_processes(OWNER)
+    return [tasks.noop.enqueue() for _ in range(40)]
+
+
+@ONE_SESSION
+def test_the_queues_own_session_prepares_finish_and_claim_and_keeps_a_generic_plan(
+    postgresql, backlog
+):
+    seen = in_bookkeeping_thread(turns(10))
+    assert len(seen["written"]) == 2
+    assert len(seen["claimed"]) == 2
+    # One statement, prepared once; after its first few custom plans, PostgreSQL keeps the
+    # generic plan: no planning at each turn.
+    [(_, generic_plans)] = seen["prepared"]
+    assert generic_plans >= 1
+    assert Job.objects.filter(status="successful").count() == 20
+    # Nothing of the kind on the application's sessions.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone() == (0,)
+
+
+@ONE_SESSION
+def test_behind_a_declared_pooler_nothing_is_prepared(postgresql, backlog):
+    seen = in_bookkeeping_thread(turns(10), pooled=True)
+    assert seen["prepared"] == []
+    assert len(seen["written"]) == 2
+    assert Job.objects.filter(status="successful").count() == 20
+
+
+@ONE_SESSION
+def test_a_prepared_statement_its_session_lost_is_run_again_unprepared(
+    postgresql, backlog, recorded_events
+):
+    def work() -> dict:
+        turns(3)()
+        # What a pooler in transaction mode nobody told us about does: the next transaction
+        # runs in another server session, which has none of our prepared statements. Here,
+        # they are dropped behind psycopg's back.
+        raw = connections["default"].connection
+        raw.pgconn.exec_(b"DEALLOCATE ALL")
+        return turns(3)()
+
+    seen = in_bookkeeping_thread(work)
+    # The turn that found its statement gone wrote and claimed all the same, and the
+    # connection prepares nothing more.
+    assert len(seen["written"]) == 2
+    assert len(seen["claimed"]) == 2
+    assert seen["prepared"] == []
+    assert Job.objects.filter(status="successful").count() == 12
+    # (Each series of turns began with a claim, and ends holding what its last turn claimed.)
+    assert Job.objects.filter(status="running", owner=OWNER).count() == 4
+    lost = [fields for action, fields in recorded_events if action == "prepared_statements_lost"]
+    assert len(lost) == 1
+    assert "does not exist" in lost[0]["error"]
+
+
+AWKWARD = [
+    'a "quoted" word',
+    'back\\slash \\\\ and \\"',
+    "{braces, commas}",
+    "NULL",
+    "",
+    "line\nbreak\ttab",
+    "ünïcödé ✓",
+]
+
+
+@ONE_SESSION
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "client-bound"])
+def test_outcome_texts_reach_the_rows_unchanged_whatever_they_hold(postgresql, backlog, prepared):
+    """The outcome arrays go to the server as array literals quoted here: every character
+    of a return value or an error list must come out as it went in."""
+    import json
+
+    def work() -> list:
+        store = JobStore("default")
+        claimed = store.claim(
+            owner=OWNER, worker_name="w31", selector=EVERYTHING, limit=len(AWKWARD)
+        )
+        outcomes = []
+        for job, text in zip(claimed, AWKWARD, strict=True):
+            errors = json.dumps([{"exception_class_path": text, "traceback": text}])
+            outcomes.append(
+                Outcome(id=job.id, attempt=job.attempt, status="failed", errors=errors)
+                if job is claimed[0]
+                else Outcome(
+                    id=job.id,
+                    attempt=job.attempt,
+                    status="successful",
+                    return_value=json.dumps(text),
+                )
+            )
+        if prepared:
+            written, _ = store.finish_and_claim(
+                owner=OWNER, outcomes=outcomes, worker_name="w31", selector=EVERYTHING, limit=1
+            )
+        else:
+            written = store.finish(owner=OWNER, outcomes=outcomes)
+        assert len(written) == len(AWKWARD)
+        return [(job.id, text) for job, text in zip(claimed, AWKWARD, strict=True)]
+
+    pairs = in_bookkeeping_thread(work) if prepared else work()
+    first_id, first_text = pairs[0]
+    failed = Job.objects.get(pk=first_id)
+    assert failed.errors == [{"exception_class_path": first_text, "traceback": first_text}]
+    for job_id, text in pairs[1:]:
+        assert Job.objects.get(pk=job_id).return_value == text
+
+
+@pytest.mark.skipif(not PGBOUNCER, reason="needs PgBouncer (python -m tests.pgbouncer)")
+def test_an_undeclared_pooler_that_refuses_the_options_gets_nothing_prepared(
+    postgresql, backlog, recorded_events
+):
+    """PgBouncer, not declared with transaction_pooler: it refuses the timeouts' ``options``
+    startup parameter, and the connection made without it prepares nothing either."""
+
+    def work() -> dict:
+        seen = turns(10)()
+        seen["threshold"] = connections["default"].connection.prepare_threshold
+        return seen
+
+    seen = in_bookkeeping_thread(work, pooled=False)
+    assert "session_options_refused" in [action for action, _ in recorded_events]
+    assert seen["threshold"] is None
+    assert len(seen["written"]) == 2
+    assert "prepared_statements_lost" not in [action for action, _ in recorded_events]
+    assert Job.objects.filter(status="successful").count() == 20
