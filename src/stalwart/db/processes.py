@@ -24,7 +24,7 @@ class Processes(Dialect):
             f"WHERE last_heartbeat_at < {self.ago_sql()} AND id <> %s ORDER BY id",
             [*self.ago_params(threshold), -1 if exclude is None else exclude],
         )
-        return cursor.fetchall()
+        return list(cursor.fetchall())
 
     def survey_for_prune(
         self,
