@@ -11,7 +11,7 @@ on PostgreSQL, in its startup packet (so at no cost, and for the session's whole
   of a process that hangs for ever;
 - a ``connect_timeout``;
 - psycopg's ``prepare_threshold``, set so that it prepares the statements that ask for it
-  (the worker's finish-and-claim, see ``stalwart.db.postgresql``) and no other, unless
+  (the worker's finish-and-claim, see ``stalwart.db.claims.postgresql``) and no other, unless
   ``DATABASES`` sets one.
 
 They are startup parameters, not ``SET`` commands: behind a pooler in transaction mode a
