@@ -292,23 +292,52 @@ def locking_job_row(job_id: Any) -> ApplicationTransaction:
     )
 
 
-def set_lock_timeout(seconds: float) -> None:
-    """Give up on a row lock after ``seconds`` on this thread's connection (a wait raises):
-    PostgreSQL's ``lock_timeout``, InnoDB's ``innodb_lock_wait_timeout`` (whole seconds, 1
-    at least)."""
+@contextlib.contextmanager
+def session_lock_timeout(seconds: float) -> Iterator[None]:
+    """Give up on a row lock after ``seconds`` (a wait raises) on this thread's session, until
+    the block ends: PostgreSQL's ``lock_timeout``, InnoDB's ``innodb_lock_wait_timeout``
+    (whole seconds, 1 at least).
+
+    Not behind PgBouncer in transaction mode: there a ``SET`` stays with whichever server
+    session ran it, and reaches the clients that get that session next (use
+    ``transaction_lock_timeout``)."""
+    assert not PGBOUNCER, "a session setting leaks through a pooler in transaction mode"
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
             cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [max(1, round(seconds))])
         else:
             cursor.execute(f"SET lock_timeout = '{round(seconds * 1000)}ms'")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            if connection.vendor == "mysql":
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+            else:
+                cursor.execute("RESET lock_timeout")
 
 
-def reset_lock_timeout() -> None:
-    with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
-        else:
-            cursor.execute("RESET lock_timeout")
+@contextlib.contextmanager
+def transaction_lock_timeout(seconds: float) -> Iterator[None]:
+    """One transaction (``atomic``) in which a row lock waited on for ``seconds`` raises:
+    ``SET LOCAL lock_timeout`` on PostgreSQL, which ends with the transaction, so it holds
+    behind PgBouncer in transaction mode too and leaks to no one; InnoDB's
+    ``innodb_lock_wait_timeout`` (whole seconds, 1 at least) on MySQL, set back after."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            if connection.vendor == "mysql":
+                wait = max(1, round(seconds))
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [wait])
+            else:
+                cursor.execute(f"SET LOCAL lock_timeout = '{round(seconds * 1000)}ms'")
+        try:
+            yield
+        finally:
+            if connection.vendor == "mysql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
 
 
 def row_locks(vendor: str, reason: str) -> None:

@@ -20,9 +20,8 @@ from tests.helpers import (
     DATABASES,
     SESSION_DATABASE,
     register_processes,
-    reset_lock_timeout,
     row_locks,
-    set_lock_timeout,
+    transaction_lock_timeout,
     wait_for,
 )
 from tests.testapp import tasks
@@ -196,13 +195,12 @@ def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
         with other.cursor() as cursor:
             cursor.execute("SELECT id FROM stalwart_job WHERE id = %s FOR UPDATE", [high.id])
         # Had the claim waited on the lock, lock_timeout would raise instead of returning.
-        set_lock_timeout(2)
-        first = claim(owner=1, limit=2)
+        with transaction_lock_timeout(2):
+            first = claim(owner=1, limit=2)
         assert [str(job.id) for job in first] == [low.id]
         other.rollback()
     finally:
         other.close()
-        reset_lock_timeout()
     second = claim(owner=2, limit=2)
     assert [str(job.id) for job in second] == [high.id]
     assert claim(owner=3, limit=2) == []
@@ -366,13 +364,15 @@ def test_enqueueing_a_keyed_job_takes_no_lock_in_the_callers_transaction(vendor)
 
     opened = threading.Event()
     finish = threading.Event()
+    gave_up = threading.Event()
 
     def long_transaction() -> None:
         try:
             with transaction.atomic():
                 tasks.one_at_a_time.enqueue("shared-key")
                 opened.set()
-                finish.wait(10)
+                if not finish.wait(10):
+                    gave_up.set()  # and commits: whoever waited on it goes on
         finally:
             connections.close_all()
 
@@ -380,12 +380,12 @@ def test_enqueueing_a_keyed_job_takes_no_lock_in_the_callers_transaction(vendor)
     holder.start()
     try:
         assert opened.wait(10)
-        set_lock_timeout(2)  # waiting on the holder would raise
         other = tasks.one_at_a_time.enqueue("shared-key")
-        # Handing out the key's slots waits for nobody either.
+        # Handing out the key's slots waits for nobody either: had the enqueue waited for
+        # the holder, it would have gone on only once the holder gave up and committed.
         assert Job.objects.get(pk=other.id).status == "ready"
+        assert not gave_up.is_set()
     finally:
         finish.set()
         holder.join(10)
-        reset_lock_timeout()
     assert Job.objects.filter(concurrency_key__endswith=":shared-key").count() == 2

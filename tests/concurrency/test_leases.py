@@ -10,7 +10,7 @@ from django.db.models import F
 from stalwart import leases
 from stalwart.db import statements_for
 from stalwart.models import Lease
-from tests.helpers import reset_lock_timeout, row_locks, set_lock_timeout
+from tests.helpers import row_locks, transaction_lock_timeout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -73,15 +73,13 @@ def test_a_lease_row_locked_by_another_transaction_is_contention_not_a_wait(vend
         other.set_autocommit(False)
         with other.cursor() as cursor:
             cursor.execute("SELECT * FROM stalwart_lease WHERE name = 'locked' FOR UPDATE")
-        set_lock_timeout(2)  # a wait would raise, not return False
-        with transaction.atomic():
+        with transaction_lock_timeout(2):  # a wait would raise, not return False
             assert leases.try_acquire("locked", "new", 60, database="default") is False
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1")
         other.rollback()
     finally:
         other.close()
-        reset_lock_timeout()
     assert leases.try_acquire("locked", "new", 60, database="default") is True
 
 

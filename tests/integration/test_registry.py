@@ -18,7 +18,13 @@ from stalwart.processes.registry import (
     remove_reaped_child,
 )
 from stalwart.queues import QueueSelector
-from tests.helpers import locking_job_row, row_locks, set_lock_timeout
+from tests.helpers import (
+    PGBOUNCER,
+    WITHOUT_TIMEOUTS,
+    locking_job_row,
+    row_locks,
+    session_lock_timeout,
+)
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -108,14 +114,14 @@ def test_a_job_at_its_last_attempt_fails_when_its_process_dies():
     assert not Process.objects.filter(pk=worker.id).exists()
 
 
+@pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)
 def test_a_job_an_application_holds_does_not_stop_the_rest_of_the_prune(vendor, recorded_events):
     row_locks(vendor, "SQLite has no row locks for an application to hold")
     blocked, free = register(), register()
     locked_job, other_job = hold_a_job(blocked.id), hold_a_job(free.id)
     age(blocked, 120)
     age(free, 120)
-    with locking_job_row(locked_job.id):
-        set_lock_timeout(0.2)  # as the queue's sessions have
+    with locking_job_row(locked_job.id), session_lock_timeout(0.2):  # as the queue's have
         pruned = prune_dead_processes("default", threshold=60, exclude=None)
     assert [gone.id for gone in pruned] == [free.id]  # the other dead process was pruned...
     assert Job.objects.get(pk=other_job.id).status == "ready"
