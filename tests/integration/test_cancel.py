@@ -124,6 +124,31 @@ def test_a_running_job_is_asked_to_stop_and_stops_when_its_task_checks():
     assert result.status == TaskResultStatus.FAILED
 
 
+def test_a_task_without_context_asked_to_stop_is_cancelled_when_it_fails_not_retried():
+    # Its worker makes the stop flag only when asked (the task reads no context): the
+    # failure must still find it, and cancel the job rather than retry it.
+    tasks.GATE.clear()
+    try:
+        with worker_thread() as worker:
+            result = tasks.fails_at_gate.enqueue()
+            job_id = uuid.UUID(result.id)
+            wait_for(lambda: status(result) == "running", message="the job to start")
+            assert job_id not in worker.cancellations  # nobody asked: no flag made
+            assert stalwart.cancel(result) == Cancelled(requested=1)
+            wait_for(
+                lambda: job_id in worker.cancellations and worker.cancellations[job_id].is_set(),
+                timeout=10,
+                message="the worker to learn of the request",
+            )
+            tasks.GATE.set()  # now it fails
+            wait_for(lambda: status(result) == "cancelled", timeout=10, message="the outcome")
+        row = Job.objects.get(pk=result.id)
+        assert row.errors[-1]["exception_class_path"] == "builtins.ConnectionError"
+        assert row.attempt == 1
+    finally:
+        tasks.GATE.clear()
+
+
 def test_a_job_asked_to_stop_that_goes_back_to_waiting_is_not_run_again():
     result = tasks.record.enqueue("released")
     # As if its attempt was running when the cancel came, and was then given back.

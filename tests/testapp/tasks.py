@@ -258,6 +258,14 @@ def wait_at_gate(seconds: float = 30.0) -> bool:
     return GATE.wait(seconds)
 
 
+@stalwart.task(max_attempts=3, backoff=0)
+def fails_at_gate() -> None:
+    """Fails once the test opens ``GATE``, and reads no context: retried, unless someone
+    asked it to stop meanwhile."""
+    GATE.wait(30)
+    raise ConnectionError("failed after the gate")
+
+
 @stalwart.task(unique=True, max_attempts=3, backoff=0, takes_context=True)
 def unique_fails_once(context: TaskContext, day: str) -> str:
     """A unique job whose first attempt fails (once ``GATE`` opens), so that it goes back to

@@ -13,6 +13,7 @@ from traceback import format_exception
 from typing import Any
 
 from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_started
@@ -199,16 +200,23 @@ def not_run(job: ClaimedJob) -> Finished:
     )
 
 
-def run_job(job: ClaimedJob, sender: type, cancellation: threading.Event | None = None) -> Finished:
+def run_job(
+    job: ClaimedJob, sender: type, cancellations: dict[Any, threading.Event] | None = None
+) -> Finished:
     """Run one attempt of ``job`` in this thread and describe its outcome.
 
-    ``cancellation``: set when someone asks the job to stop; the task reads it through its
+    ``cancellations``: per job id, the flag set when someone asks the job to stop, shared
+    with whoever asks. Most jobs are never asked, so a flag is made only when needed: by
+    the asker (``setdefault``, already set), or here for a task that reads it through its
     context (``StalwartTaskContext``). Set before the attempt begins, the task is not run.
     """
     started = time.monotonic()
-    cancellation = cancellation or threading.Event()
-    if cancellation.is_set():
+    if cancellations is None:
+        cancellations = {}
+    cancellation = cancellations.get(job.id)
+    if cancellation is not None and cancellation.is_set():
         return not_run(job)
+    reset = False
     try:
         try:
             task = bind_task(
@@ -238,15 +246,22 @@ def run_job(job: ClaimedJob, sender: type, cancellation: threading.Event | None 
         signals.send(task_started, "task_started", sender=sender, task_result=result)
         try:
             if task.takes_context:
+                # setdefault: the asker's flag if it came first, ours for it to set if not.
+                cancellation = cancellations.setdefault(job.id, threading.Event())
                 context = StalwartTaskContext(task_result=result, cancellation=cancellation)
                 value = task.call(context, *job.args, **job.kwargs)
             else:
                 value = task.call(*job.args, **job.kwargs)
-            left_open = transactions_left_open()
+            # One look at this thread's connections: which the task left in a transaction,
+            # and each made fit for the next job (closing one left open rolls it back).
+            left_open = reset_connections_after_job()
+            reset = True
             if left_open:
                 raise TransactionLeftOpen(left_open)
         except BaseException as exception:  # noqa: BLE001 - SystemExit and friends fail the job only
-            return _failed(job, result, exception, started, task, cancellation=cancellation)
+            return _failed(
+                job, result, exception, started, task, cancellation=cancellations.get(job.id)
+            )
         try:
             value = normalize_return_value(value)
         except (TypeError, ValueError) as exception:
@@ -266,34 +281,32 @@ def run_job(job: ClaimedJob, sender: type, cancellation: threading.Event | None 
             return_value=value,
         )
     finally:
-        reset_connections_after_job()
+        if not reset:
+            reset_connections_after_job()
 
 
-def transactions_left_open() -> list[str]:
-    """Aliases of this thread's connections still inside a transaction."""
-    return [
-        connection.alias
-        for connection in connections.all(initialized_only=True)
-        if connection.connection is not None
-        and (connection.in_atomic_block or not connection.get_autocommit())
-    ]
+def _left_open(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` (open) is still inside a transaction."""
+    return connection.in_atomic_block or not connection.get_autocommit()
 
 
-def reset_connections_after_job() -> None:
-    """Make this thread's connections fit for the next job, without reconnecting needlessly.
+def reset_connections_after_job() -> list[str]:
+    """Make this thread's connections fit for the next job, without reconnecting needlessly;
+    return the aliases of those the job left inside a transaction.
 
     A connection left inside a transaction (or with autocommit off) is closed, which rolls the
     transaction back; one that saw errors is kept only if it still answers. Healthy connections
     are reused across jobs whatever ``CONN_MAX_AGE`` says: a worker thread is a long request.
     """
+    left_open = []
     for connection in connections.all(initialized_only=True):
         if connection.connection is None:
             continue
-        abandoned = (
-            connection.in_atomic_block
-            or connection.closed_in_transaction
-            or not connection.get_autocommit()
-        )
+        if _left_open(connection):
+            left_open.append(connection.alias)
+            abandoned = True
+        else:
+            abandoned = connection.closed_in_transaction
         try:
             if abandoned:
                 # Forget the job's transaction, then its connection: closing rolls it back.
@@ -309,3 +322,4 @@ def reset_connections_after_job() -> None:
             pass
         if abandoned or connection.errors_occurred:
             connection.connection = None  # whatever happened above, reconnect on next use
+    return left_open

@@ -94,7 +94,8 @@ class Worker(Role):
         self.stop_when_empty = stop_when_empty
         self.pool = JobPool(worker.threads, self._run_job, self.waker.wake, crashed=crashed_attempt)
         self.held: dict[Any, ClaimedJob] = {}  # claimed by us and not yet written
-        # Per held job: set when someone asks it to stop (read by the task's context).
+        # Per held job: set when someone asks it to stop (read by the task's context). Made
+        # only when needed: by the ask, or by the job's thread for a task that takes context.
         self.cancellations: dict[Any, threading.Event] = {}
         # Claimed jobs someone had asked to cancel before: written, never run.
         self._not_run: list[Finished] = []
@@ -322,14 +323,18 @@ class Worker(Role):
         owned = self.store.owned_running(owner=self.registration.id)
         unknown = [(job_id, attempt) for job_id, attempt, _ in owned if job_id not in self.held]
         for job_id, _, requested in owned:
-            cancellation = self.cancellations.get(job_id)
-            if requested and cancellation is not None and not cancellation.is_set():
+            job = self.held.get(job_id)
+            if not requested or job is None or job.cancel_requested_at is not None:
+                continue  # not asked, not ours, or never run (asked before it was claimed)
+            # setdefault: the job's thread may be making the flag for its task's context.
+            cancellation = self.cancellations.setdefault(job_id, threading.Event())
+            if not cancellation.is_set():
                 # The same look tells the running task that someone wants it to stop.
                 cancellation.set()
                 events.emit(
                     "job_cancel_requested",
                     job=job_id,
-                    task=self.held[job_id].task_path,
+                    task=job.task_path,
                     process=self.name,
                 )
         if unknown:
@@ -378,7 +383,7 @@ class Worker(Role):
 
     def _run_job(self, job: ClaimedJob) -> Finished:
         events.emit("job_started", job=job.id, task=job.task_path, attempt=job.attempt)
-        return run_job(job, self._sender, self.cancellations.get(job.id))
+        return run_job(job, self._sender, self.cancellations)
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -436,7 +441,6 @@ class Worker(Role):
                 # Asked to stop during an earlier attempt: it never starts another.
                 self._not_run.append(not_run(job))
                 continue
-            self.cancellations[job.id] = threading.Event()
             runnable.append(job)
             timeout = task_timeout(job.task_path)
             if timeout is not None:
