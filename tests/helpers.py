@@ -414,3 +414,30 @@ def in_a_bookkeeping_session(sql: str, *, pooled: bool = False) -> tuple:
     assert not thread.is_alive(), "the bookkeeping session did not answer"
     assert seen, "the bookkeeping session failed"
     return seen[0]
+
+
+def at_once[T](racers: int, work: Callable[[int], T]) -> list[T]:
+    """Run ``work(0)`` … ``work(racers - 1)`` on threads of their own (connections of their
+    own), released together by a barrier; return what they returned, in the order they
+    finished. Fails if any raised, or had not finished 30 s later."""
+    barrier = threading.Barrier(racers)
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def race(number: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results.append(work(number))
+        except BaseException as error:  # noqa: BLE001 - asserted below
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=race, args=(number,)) for number in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a racer did not finish"
+    assert errors == []
+    return results

@@ -1,6 +1,5 @@
 """Leases: contention is a return value, never an exception, never a wait."""
 
-import threading
 from datetime import timedelta
 
 import pytest
@@ -10,7 +9,7 @@ from django.db.models import F
 from stalwart import leases
 from stalwart.db import statements_for
 from stalwart.models import Lease
-from tests.helpers import row_locks, transaction_lock_timeout
+from tests.helpers import at_once, row_locks, transaction_lock_timeout
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,35 +29,20 @@ def test_a_lease_has_one_holder_until_it_expires_or_is_released():
 @pytest.mark.parametrize("round_number", range(8))
 def test_racers_for_a_new_lease_get_one_winner_and_no_exception(round_number):
     racers = 6
-    barrier = threading.Barrier(racers)
-    outcomes: list[bool] = []
     usable_after: list[int] = []
-    errors: list[BaseException] = []
 
-    def race(number: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            with transaction.atomic():
-                won = leases.try_acquire(
-                    f"new-{round_number}", f"racer-{number}", 60, database="default"
-                )
-                # Win or lose, the transaction is still usable.
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT 1")
-                    usable_after.append(cursor.fetchone()[0])
-            outcomes.append(won)
-        except BaseException as error:  # noqa: BLE001 - collected and asserted below
-            errors.append(error)
-        finally:
-            connections.close_all()
+    def race(number: int) -> bool:
+        with transaction.atomic():
+            won = leases.try_acquire(
+                f"new-{round_number}", f"racer-{number}", 60, database="default"
+            )
+            # Win or lose, the transaction is still usable.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                usable_after.append(cursor.fetchone()[0])
+        return won
 
-    threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not any(thread.is_alive() for thread in threads)
-    assert errors == []
+    outcomes = at_once(racers, race)
     assert sorted(outcomes) == [False] * (racers - 1) + [True]
     assert usable_after == [1] * racers
     assert Lease.objects.filter(name=f"new-{round_number}").count() == 1
@@ -123,26 +107,7 @@ def test_racers_for_the_pruners_survey_get_one_pruner(lease):
         assert survey_for_prune("dead-holder") == ([], connection.vendor != "postgresql")
         Lease.objects.filter(name="prune").update(expires_at=F("expires_at") - timedelta(hours=1))
     racers = 6
-    barrier = threading.Barrier(racers)
-    outcomes: list = []
-    errors: list[BaseException] = []
-
-    def race(number: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            outcomes.append(survey_for_prune(f"racer-{number}"))
-        except BaseException as error:  # noqa: BLE001 - collected and asserted below
-            errors.append(error)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not any(thread.is_alive() for thread in threads)
-    assert errors == []
+    outcomes = at_once(racers, lambda number: survey_for_prune(f"racer-{number}"))
     assert sorted(outcomes, key=lambda outcome: outcome is not None) == [None] * (racers - 1) + [
         ([], connection.vendor != "postgresql")
     ]
