@@ -6,8 +6,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from stalwart.db import Outcome
 from stalwart.jobs import JobStore
@@ -149,6 +150,100 @@ def test_a_prepared_statement_its_session_lost_is_run_again_unprepared(
     lost = [fields for action, fields in recorded_events if action == "prepared_statements_lost"]
     assert len(lost) == 1
     assert "does not exist" in lost[0]["error"]
+
+
+def admin_session() -> psycopg.Connection:
+    """A session of the test's own, beside the worker's."""
+    settings = connection.settings_dict
+    return psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=settings["PORT"] or 5432,
+        user=settings["USER"],
+        dbname=settings["NAME"],
+        autocommit=True,
+    )
+
+
+@ONE_SESSION
+def test_a_session_ended_under_the_worker_is_replaced_and_prepares_again(
+    postgresql, backlog, recorded_events
+):
+    def work() -> dict:
+        turns(3)()
+        ended = connections["default"].connection.info.backend_pid
+        with admin_session() as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [ended])
+        seen = turns(3)()
+        seen["ended"] = ended
+        seen["now"] = connections["default"].connection.info.backend_pid
+        return seen
+
+    seen = in_bookkeeping_thread(work)
+    assert seen["now"] != seen["ended"]
+    assert len(seen["written"]) == 2
+    assert len(seen["prepared"]) == 1  # the new session's psycopg knows nothing of the old
+    assert Job.objects.filter(status="successful").count() == 12
+    actions = [action for action, _ in recorded_events]
+    assert "database_retry" in actions
+    assert "prepared_statements_lost" not in actions
+
+
+@ONE_SESSION
+def test_a_statement_lost_inside_a_transaction_is_not_run_again_there(
+    postgresql, backlog, recorded_events
+):
+    """Inside an atomic block the error is the caller's (the transaction is spoilt); the
+    rollback makes psycopg forget its statements, and the next turn prepares again."""
+
+    def work() -> dict:
+        turns(2)()
+        connections["default"].connection.pgconn.exec_(b"DEALLOCATE ALL")
+        with pytest.raises(Exception, match="does not exist"), transaction.atomic():
+            JobStore("default").finish_and_claim(
+                owner=OWNER, outcomes=[], worker_name="w31", selector=EVERYTHING, limit=2
+            )
+        return turns(3)()
+
+    seen = in_bookkeeping_thread(work)
+    assert len(seen["written"]) == 2
+    assert len(seen["prepared"]) == 1
+    assert "prepared_statements_lost" not in [action for action, _ in recorded_events]
+    assert Job.objects.filter(status="successful").count() == 10
+
+
+@ONE_SESSION
+@pytest.mark.parametrize(
+    "theirs",
+    [
+        # Another worker's finish-and-claim, for five idle threads.
+        lambda ours: ours.replace(b"LIMIT 2", b"LIMIT 5"),
+        # Anything else, of other parameters.
+        lambda ours: b"SELECT $1::integer",
+    ],
+    ids=["another-limit", "other-parameters"],
+)
+def test_a_statement_another_client_prepared_is_never_run_in_place_of_ours(
+    postgresql, backlog, theirs
+):
+    """Behind a pooler in transaction mode nobody told us about, a transaction may run on a
+    server session where another client prepared statements: psycopg's first is always
+    ``_pg3_0``. Ours are named otherwise, so theirs is never run for ours."""
+
+    def work() -> dict:
+        turns(1)()
+        raw = connections["default"].connection
+        [(query, types)] = list(raw._prepared._names)
+        raw.pgconn.exec_(b"DEALLOCATE ALL")
+        for number in range(3):
+            made = raw.pgconn.prepare(f"_pg3_{number}".encode(), theirs(query), types)
+            assert made.status == psycopg.pq.ExecStatus.COMMAND_OK
+        return turns(2)()
+
+    seen = in_bookkeeping_thread(work)
+    assert len(seen["written"]) == 2
+    assert len(seen["claimed"]) == 2  # as asked, not five
+    # (Each series of turns began with a claim, and ends holding what its last turn claimed.)
+    assert Job.objects.filter(status="running", owner=OWNER).count() == 4
 
 
 AWKWARD = [

@@ -33,6 +33,7 @@ use Django's connection pool, if ``OPTIONS["pool"]`` sets one up.
 """
 
 import math
+import secrets
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -88,6 +89,7 @@ def bookkeeping(
         else:
             options.setdefault("prepare_threshold", PREPARED_WHEN_ASKED)
             _with_timeouts(connection, statement_timeout, lock_timeout)
+            _statement_names_of_its_own(connection)
         if connection.connection is not None:
             connection.close()  # the next statement opens a session with these parameters
     elif connection.vendor == "mysql":
@@ -132,6 +134,29 @@ def _bounded_mysql_sessions(connection: Any, statement_timeout: float, lock_time
             )
         finally:
             cursor.close()
+        return raw
+
+    connection.get_new_connection = get_new_connection
+
+
+def _statement_names_of_its_own(connection: Any) -> None:
+    """Number the prepared statements of each new session from a random start.
+
+    psycopg names every connection's statements ``_pg3_0``, ``_pg3_1``... Behind a pooler in
+    transaction mode that nobody told us about, a transaction may run on a server session
+    where another client prepared a statement of the same name, and psycopg would run theirs
+    in place of ours: another worker's finish-and-claim with another limit (claiming more
+    jobs than asked for), or a statement of other parameters (an error at every turn). A name
+    of our own is missing there instead, an error the finish-and-claim answers by running
+    unprepared from then on."""
+    connect = connection.get_new_connection
+
+    def get_new_connection(conn_params: dict) -> Any:
+        raw = connect(conn_params)
+        # psycopg's prepared statement cache, private: left alone if it ever changes shape.
+        manager = getattr(raw, "_prepared", None)
+        if isinstance(getattr(manager, "_prepared_idx", None), int):
+            manager._prepared_idx = secrets.randbits(62)
         return raw
 
     connection.get_new_connection = get_new_connection
