@@ -8,11 +8,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 
 from stalwart.db import Outcome
+from stalwart.db.deadline import cut
 from stalwart.jobs import JobStore
 from stalwart.models import Job
+from stalwart.processes.outcomes import ClaimRequest, OutcomeWriter
+from stalwart.processes.runner import Finished
 from stalwart.queues import QueueSelector
 from tests.helpers import PGBOUNCER, register_processes
 from tests.testapp import tasks
@@ -244,6 +247,62 @@ def test_a_statement_another_client_prepared_is_never_run_in_place_of_ours(
     assert len(seen["claimed"]) == 2  # as asked, not five
     # (Each series of turns began with a claim, and ends holding what its last turn claimed.)
     assert Job.objects.filter(status="running", owner=OWNER).count() == 4
+
+
+@ONE_SESSION
+def test_outcomes_of_a_prepared_turn_whose_answer_was_lost_are_reported_once(
+    postgresql, backlog, recorded_events
+):
+    """The link goes down after the prepared finish-and-claim committed: the retry, on a new
+    session, matches none of the outcomes, and the rows tell they were written."""
+    results = {result.id: result for result in backlog}
+    lost: list = []
+
+    def lose_the_answer(execute, sql, params, many, context):
+        answer = execute(sql, params, many, context)  # committed (autocommit)...
+        if "finished AS (" in sql and not lost:
+            lost.append(connections["default"].connection.info.backend_pid)
+            cut(connections["default"])  # ...and the link goes down before the answer arrives
+            message = "server closed the connection unexpectedly"
+            raise OperationalError(message) from psycopg.OperationalError(message)
+        return answer
+
+    def work() -> dict:
+        store = JobStore("default")
+        jobs = store.claim(owner=OWNER, worker_name="w31", selector=EVERYTHING, limit=2)
+        items = []
+        for job in jobs:
+            item = Finished(
+                job=job,
+                outcome=Outcome(id=job.id, attempt=job.attempt, status="successful"),
+                result=None,
+                duration=0.0,
+            )
+            object.__setattr__(item, "result", results[str(job.id)])
+            items.append(item)
+        held: list = []
+        request = ClaimRequest(limit=2, worker_name="w31", selector=EVERYTHING, paused=())
+        writer = OutcomeWriter(store, process="w31", sender=object)
+        with connections["default"].execute_wrapper(lose_the_answer):
+            settled = writer.flush(OWNER, items, claim=request, hold=held.extend)
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), count(*) FROM pg_prepared_statements")
+            now, prepared = cursor.fetchone()
+        return {"items": items, "settled": settled, "held": held, "now": now, "prepared": prepared}
+
+    seen = in_bookkeeping_thread(work)
+    assert lost, "the fault was not injected"
+    assert seen["now"] != lost[0]
+    assert seen["prepared"] == 1  # prepared again on the new session
+    assert seen["settled"] == seen["items"]
+    assert len(seen["held"]) == 2
+    finished = [str(item.job.id) for item in seen["items"]]
+    assert sorted(str(job.id) for job in Job.objects.filter(status="successful")) == sorted(
+        finished
+    )
+    actions = [action for action, _ in recorded_events]
+    assert "job_result_discarded" not in actions
+    assert actions.count("job_succeeded") == 2
 
 
 AWKWARD = [
