@@ -153,10 +153,13 @@ def _statement_names_of_its_own(connection: Any) -> None:
 
     def get_new_connection(conn_params: dict) -> Any:
         raw = connect(conn_params)
-        # psycopg's prepared statement cache, private: left alone if it ever changes shape.
+        # psycopg's prepared statement cache, private. Should it ever change shape, the
+        # session prepares nothing rather than risk the names every client shares.
         manager = getattr(raw, "_prepared", None)
         if isinstance(getattr(manager, "_prepared_idx", None), int):
             manager._prepared_idx = secrets.randbits(62)
+        else:
+            raw.prepare_threshold = None
         return raw
 
     connection.get_new_connection = get_new_connection
