@@ -362,10 +362,16 @@ def test_a_long_application_write_on_sqlite_charges_no_running_job(reaped, vendo
     finally:
         application.rollback()
         application.close()
-    wait_for(
-        lambda: Job.objects.get(pk=result.id).status == "successful",
-        timeout=10 * ALIVE,
-        message="the job to run again and succeed",
-    )
+    try:
+        wait_for(
+            lambda: Job.objects.get(pk=result.id).status == "successful",
+            timeout=10 * ALIVE,
+            message="the job to run again and succeed",
+        )
+    except AssertionError as late:
+        # Say what became of it, and what the tree logged (seen once under a full run).
+        job = Job.objects.values("status", "attempt", "owner", "errors").get(pk=result.id)
+        stop(supervisor)
+        raise AssertionError(f"{late}\nthe job: {job}\nthe tree:\n{supervisor.output}") from None
     assert Job.objects.get(pk=result.id).errors == []
     assert stop(supervisor) == 0, supervisor.output
