@@ -151,6 +151,16 @@ _INSERT_ONE_NOTIFIED = f"""{_INSERT_ONE}
             THEN pg_notify('{SCHEDULED_CHANNEL}', extract(epoch FROM available_at)::text)
     END"""
 
+# The end of a release (of given jobs, or of a dead owner's): wake the workers of the
+# queues that have a job ready again, and list what was released.
+_WAKE_AND_LIST_RELEASED = f"""
+            wake AS (
+                SELECT pg_notify('{CHANNEL}', q)
+                FROM (SELECT DISTINCT queue_name AS q FROM released WHERE status = 'ready') AS qs
+            )
+            SELECT id, status, queue_name, concurrency_key
+            FROM released, (SELECT count(*) FROM wake) AS woken
+            """
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
 # Rows written by finish_and_claim, in the claim's columns: their finish time stands in
 # last_attempted_at, the rest is NULL.
@@ -583,14 +593,7 @@ class PostgreSQLClaims(Claims):
                     {self.unique_key_leaving("job", "'ready'", _SIBLING_IN_MINE)}
                 FROM mine WHERE job.id = mine.id AND job.status = 'running' AND job.owner = %s
                 RETURNING job.id, job.status, job.queue_name, job.concurrency_key
-            ),
-            wake AS (
-                SELECT pg_notify('{CHANNEL}', q)
-                FROM (SELECT DISTINCT queue_name AS q FROM released WHERE status = 'ready') AS qs
-            )
-            SELECT id, status, queue_name, concurrency_key
-            FROM released, (SELECT count(*) FROM wake) AS woken
-            """,
+            ),{_WAKE_AND_LIST_RELEASED}""",
             [[job_id for job_id, _ in jobs], [attempt for _, attempt in jobs], owner, owner],
         )
         return [Released(*row) for row in cursor.fetchall()]
@@ -633,14 +636,7 @@ class PostgreSQLClaims(Claims):
                 FROM held, charge
                 WHERE job.id = held.id AND job.status = 'running' AND job.owner = %s
                 RETURNING job.id, job.status, job.queue_name, job.concurrency_key
-            ),
-            wake AS (
-                SELECT pg_notify('{CHANNEL}', q)
-                FROM (SELECT DISTINCT queue_name AS q FROM released WHERE status = 'ready') AS qs
-            )
-            SELECT id, status, queue_name, concurrency_key
-            FROM released, (SELECT count(*) FROM wake) AS woken
-            """,
+            ),{_WAKE_AND_LIST_RELEASED}""",
             [
                 owner,
                 death == Death.SILENCE,
