@@ -9,7 +9,9 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
+from selenium.webdriver.common.by import By
 
+from stalwart import Call, control, enqueue_many
 from stalwart.models import Job
 from tests.helpers import drain, wait_for, worker_thread
 from tests.testapp import tasks
@@ -109,3 +111,61 @@ def test_cancel_a_scheduled_job(visit):
     assert "Cancelled 1 waiting job" in browser.text()
     assert browser.find("#state").text == "cancelled"
     assert status(later) == "cancelled"
+
+
+def test_what_a_newcomer_looks_for_is_on_the_page(visit):
+    """Ids that tell a bulk enqueue's jobs apart, a paused queue's jobs marked, durations and
+    return values in the lists, and breadcrumbs styled as the admin's own."""
+    bulk = enqueue_many(tasks.add, [Call(n, n) for n in range(3)])
+    tasks.add.using(queue_name="mail").enqueue(5, 5)
+    control.pause("mail")
+    browser = visit()
+    browser.open(f"{DASHBOARD}/jobs/ready/", "jobs-ready-ids")
+    shown = {
+        row.get_attribute("data-job"): row.find_element(By.CSS_SELECTOR, "td.mono a").text
+        for row in browser.all("#jobs tr[data-job]")
+    }
+    assert len({shown[result.id] for result in bulk}) == 3  # each visibly its own
+    paused = browser.all("#jobs tr[data-job] .badge.warn")
+    assert [badge.text for badge in paused] == ["paused"]
+    dashboard_crumbs = browser.find(".breadcrumbs").value_of_css_property("background-color")
+    browser.open("/admin/password_change/")
+    native_crumbs = browser.find(".breadcrumbs").value_of_css_property("background-color")
+    assert dashboard_crumbs == native_crumbs != "rgba(0, 0, 0, 0)"
+    control.resume("mail")
+    drain()
+    browser.open(f"{DASHBOARD}/jobs/successful/", "jobs-successful-durations")
+    headers = [cell.text.upper() for cell in browser.all("#jobs thead th")]  # as the admin
+    assert "TOOK" in headers
+    assert "RETURN VALUE" in headers
+    assert "10" in browser.text()  # 5 + 5, returned
+
+
+def test_a_page_refreshes_itself_in_place_once_asked(visit):
+    """The switch is off until turned on, then remembered; a refresh keeps the address (the
+    filters), the scroll position and the page itself (no navigation)."""
+    for number in range(40):  # a list long enough to scroll
+        tasks.add.using(queue_name="mail").enqueue(number, number)
+    tasks.add.enqueue(0, 0)
+    browser = visit()
+    browser.open(f"{DASHBOARD}/jobs/ready/?queue=mail", "jobs-refresh-off")
+    switch = browser.find("#stalwart-refresh")
+    assert not switch.is_selected()
+    switch.click()
+    address = browser.driver.current_url
+    page = browser.find("html")
+    browser.driver.execute_script("window.scrollTo(0, 400)")
+    late = tasks.add.using(queue_name="mail", priority=50).enqueue(99, 99)  # listed first
+    other = tasks.add.enqueue(98, 98)  # another queue: filtered out
+    wait_for(
+        lambda: browser.all(f'#jobs tr[data-job="{late.id}"]'),
+        timeout=30,
+        message="the new job to appear without a reload",
+    )
+    assert not browser.all(f'#jobs tr[data-job="{other.id}"]')
+    assert browser.driver.current_url == address
+    assert browser.find("html") == page  # the same document: not loaded again
+    assert browser.driver.execute_script("return window.scrollY") == 400
+    browser.check("jobs-refreshed")
+    browser.open(f"{DASHBOARD}/")
+    assert browser.find("#stalwart-refresh").is_selected()  # remembered

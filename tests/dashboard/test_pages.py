@@ -176,7 +176,7 @@ def test_a_job_shows_every_attempt_and_hides_its_arguments_behind_a_click(viewer
     job = tasks.always_fails.enqueue()
     drain()
     page = text(viewer.get(ADMIN + f"/job/{job.id}/"))
-    assert page.count('<section class="attempt"') == 3
+    assert page.count('<section class="attempt attempt-failed"') == 3
     assert page.count("ConnectionError: never works") >= 3
     assert "Traceback (most recent call last)" in page
     assert re.search(r'<details id="arguments">\s*<summary>Show the arguments', page)
@@ -187,9 +187,27 @@ def test_a_job_shows_every_attempt_and_hides_its_arguments_behind_a_click(viewer
     drain()
     success = text(viewer.get(ADMIN + f"/job/{done.id}/"))
     assert re.search(r'<details id="return-value">.*<pre>42</pre>', success, re.S)
-    assert "No attempt of this job has failed." in success
+    assert page.count('<section class="attempt attempt-failed"') == 3
+    assert re.search(r"Attempt 1: successful</h3>\s*<p class=\"quiet\">ended ", success)
     missing = "01939f2e-0000-7000-8000-000000000000"
     assert viewer.get(ADMIN + f"/job/{missing}/").status_code == 404
+
+
+def test_a_job_says_which_attempts_were_interrupted_and_why(viewer):
+    job = tasks.add.enqueue(1, 1)
+    Job.objects.filter(pk=job.id).update(
+        attempt=1,
+        interruptions=[
+            {"attempt": 1, "cause": "its database connection was lost", "at": "", "process": "w9"}
+        ],
+    )
+    drain()
+    page = text(viewer.get(ADMIN + f"/job/{job.id}/"))
+    interrupted = page[page.index('id="attempt-1"') :].split("</section>")[0]
+    assert "Attempt 1: interrupted" in interrupted
+    assert "its database connection was lost" in interrupted
+    assert "not charged: 1 of 10 interruptions used" in interrupted
+    assert "Attempt 2: successful" in page
 
 
 def test_processes_show_supervisors_with_their_children_and_mark_the_dead(viewer):
@@ -225,3 +243,63 @@ def test_recurring_tasks_show_their_schedule_and_runs():
     assert re.search(r"in \d+(\.\d)? (h|min)", nightly)  # the next run
     broken = page[page.index('data-key="broken"') :].split("</tr>")[0]
     assert "cannot be enqueued" in broken
+
+
+def test_ids_in_lists_tell_apart_the_jobs_of_one_bulk_enqueue(viewer):
+    """UUIDv7 ids made together share their first digits (the time): the lists show the
+    last twelve too, and the whole id in the link's title."""
+    results = enqueue_many(tasks.add, [Call(n, n) for n in range(3)])
+    page = text(viewer.get(f"{ADMIN}/jobs/ready/"))
+    shown = re.findall(r'title="([0-9a-f-]{36})">([^<]+)</a>', page)
+    assert {whole for whole, _ in shown} == {result.id for result in results}
+    assert len({cut for _, cut in shown}) == 3
+    for whole, cut in shown:
+        assert cut == f"{whole[:8]}…{whole[-12:]}"
+
+
+def test_finished_lists_show_how_long_each_ran_and_successful_ones_what_they_returned(viewer):
+    done = tasks.echo.enqueue("<b>bold</b>", n=1)
+    tasks.fail.enqueue("nope")
+    drain()
+    successful = text(viewer.get(f"{ADMIN}/jobs/successful/"))
+    assert '<th class="number" title="How long its last attempt ran">Took</th>' in successful
+    assert "<th>Return value</th>" in successful
+    # Escaped, as everything a job carries.
+    assert "{&quot;args&quot;: [&quot;&lt;b&gt;bold&lt;/b&gt;&quot;]" in successful
+    job = Job.objects.get(pk=done.id)
+    took = (job.finished_at - job.last_attempted_at).total_seconds()
+    assert f'<td class="number">{took:.1f} s</td>' in successful
+    failed = text(viewer.get(f"{ADMIN}/jobs/failed/"))
+    assert "Took</th>" in failed
+    assert "Return value" not in failed
+
+
+def test_a_paused_queues_waiting_jobs_say_it(viewer):
+    waiting = tasks.add.using(queue_name="mail").enqueue(1, 1)
+    tasks.add.enqueue(2, 2)
+    control.pause("mail")
+    page = text(viewer.get(f"{ADMIN}/jobs/ready/"))
+    assert page.count(">paused</span>") == 1
+    row = page[page.index(f'<tr data-job="{waiting.id}"') :].split("</tr>")[0]
+    assert ">paused</span>" in row
+    assert 'id="queue-paused"' in text(viewer.get(f"{ADMIN}/job/{waiting.id}/"))
+    control.resume("mail")
+    assert ">paused</span>" not in text(viewer.get(f"{ADMIN}/jobs/ready/"))
+
+
+def test_breadcrumbs_are_drawn_as_the_admins_own(viewer):
+    """Django 6.1's admin styles an <ol class="breadcrumbs">, 6.0's a <div>: the dashboard
+    draws the one of the Django it runs on, as a native page of the same admin does."""
+    native = text(viewer.get("/admin/password_change/"))
+    page = text(viewer.get(f"{ADMIN}/"))
+    for markup in ('<ol class="breadcrumbs">', '<div class="breadcrumbs">'):
+        assert (markup in page) == (markup in native)
+
+
+def test_the_overview_and_lists_offer_a_refresh_that_keeps_their_place(viewer):
+    for path in ("/", "/jobs/ready/?queue=mail"):
+        page = text(viewer.get(ADMIN + path))
+        assert 'id="stalwart-refresh"' in page
+        assert "stalwart/dashboard/refresh.js" in page
+        assert "data-refresh=" in page
+    assert 'id="stalwart-refresh"' not in text(viewer.get(f"{ADMIN}/processes/"))

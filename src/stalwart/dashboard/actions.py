@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from stalwart import browsing, control
+from stalwart.binding import bound_task
 from stalwart.dashboard.filters import FilterForm
 from stalwart.dashboard.pages import BULK_ACTIONS, JOB_ACTIONS, frame, stalwart_backend
 from stalwart.dashboard.permissions import ACTIONS, VIEW, forbidden
@@ -158,8 +159,6 @@ def queue_action(request: Any, site: Any, backend: str, queue: str, action: str)
 
 
 def enqueue_recurring(request: Any, site: Any, backend: str, key: str) -> Any:
-    from stalwart.ticks import bound_task
-
     config = stalwart_backend(backend).config
     context = frame(request, site, backend, "Not allowed", "recurring")
     if (refused := _check(request, context, "enqueue")) is not None:

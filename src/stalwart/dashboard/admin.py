@@ -2,24 +2,14 @@
 
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin
 from django.http import HttpResponseRedirect
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 from django.urls import path, reverse
 
+from stalwart.aliases import stalwart_aliases
 from stalwart.dashboard import actions, pages
 from stalwart.dashboard.permissions import VIEW
-
-
-def stalwart_aliases() -> list[str]:
-    """The TASKS aliases that use Stalwart, the default first."""
-    aliases = [
-        alias
-        for alias, config in getattr(settings, "TASKS", {}).items()
-        if config.get("BACKEND") == "stalwart.backend.StalwartBackend"
-    ]
-    return sorted(aliases, key=lambda alias: alias != DEFAULT_TASK_BACKEND_ALIAS)
 
 
 class DashboardAdmin(admin.ModelAdmin):

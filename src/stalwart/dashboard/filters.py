@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 from django import forms
 
 from stalwart import browsing
+from stalwart.control import Selection
 from stalwart.queues import validate_queue_name
 
 _TIME = {"type": "datetime-local", "step": "1"}
@@ -65,8 +66,6 @@ class FilterForm(forms.Form):
 
     def selection(self, state: str, ids: list[Any]) -> Any:
         """Everything the filters match in ``state`` (or only ``ids``), as a Selection."""
-        from stalwart.control import Selection
-
         where = self.job_filter(state)
         return Selection(
             ids=ids,

@@ -10,6 +10,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import django
 from django.db.models import Count
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.tasks import task_backends
@@ -17,9 +18,15 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from stalwart import browsing
+from stalwart.aliases import is_stalwart, stalwart_aliases
+from stalwart.binding import check_entry
+from stalwart.control import paused_queues
 from stalwart.dashboard.filters import FilterForm
 from stalwart.dashboard.permissions import VIEW, allowed_actions, forbidden
-from stalwart.models import Dashboard, Job
+from stalwart.models import Dashboard, Job, JobStatus
+from stalwart.queues import QueueSelector
+from stalwart.status import collect_status
+from stalwart.ticks import database_now, last_runs
 
 # What each state's list offers to do, to the selection or to everything that matches.
 BULK_ACTIONS = {
@@ -39,24 +46,26 @@ LABELS = {
     "cancel": "Cancel",
     "run-now": "Run now",
 }
+# The states whose jobs wait on their queue: a paused queue's are marked so.
+WAITING = ("ready", "scheduled", "blocked")
+# Seconds between two refreshes of a page that refreshes itself (overview, lists).
+REFRESH_SECONDS = 5
+# Django 6.1's admin draws breadcrumbs as a list (<ol>), 6.0's as a <div>: as theirs, ours.
+BREADCRUMBS_LIST = django.VERSION >= (6, 1)
 
 
 def stalwart_backend(alias: str) -> Any:
-    from stalwart.backend import StalwartBackend
-
     try:
         backend = task_backends[alias]
     except Exception:  # noqa: BLE001 - InvalidTaskBackend and the like: no such page
         raise Http404(f"No Stalwart backend {alias!r}.") from None
-    if not isinstance(backend, StalwartBackend):
+    if not is_stalwart(backend):
         raise Http404(f"TASKS[{alias!r}] is not a Stalwart backend.")
     return backend
 
 
 def frame(request: Any, site: Any, alias: str, title: str, active: str) -> dict[str, Any]:
     """What every page's template needs: the admin's context, the backend, the tabs."""
-    from stalwart.dashboard.admin import stalwart_aliases
-
     return {
         **site.each_context(request),
         "title": title,
@@ -67,6 +76,8 @@ def frame(request: Any, site: Any, alias: str, title: str, active: str) -> dict[
         "allowed": allowed_actions(request.user),
         "states": browsing.STATES,
         "labels": LABELS,
+        "breadcrumbs_list": BREADCRUMBS_LIST,
+        "refresh_seconds": REFRESH_SECONDS,
     }
 
 
@@ -80,8 +91,6 @@ def _guard(request: Any, context: dict[str, Any]) -> HttpResponse | None:
 
 
 def overview(request: Any, site: Any, backend: str) -> HttpResponse:
-    from stalwart.status import collect_status
-
     config = stalwart_backend(backend).config
     context = frame(request, site, backend, "Task queue", "overview")
     if (refused := _guard(request, context)) is not None:
@@ -122,9 +131,7 @@ def overview(request: Any, site: Any, backend: str) -> HttpResponse:
 
 
 def _serves(queues: str | None, name: str) -> bool:
-    from stalwart.queues import QueueSelector
-
-    return bool(queues) and QueueSelector.parse(queues).serves(name)
+    return queues is not None and bool(queues) and QueueSelector.parse(queues).serves(name)
 
 
 # -- jobs by state ---------------------------------------------------------------------------
@@ -154,7 +161,7 @@ def jobs(request: Any, site: Any, backend: str, state: str) -> HttpResponse:
         )
     except browsing.InvalidCursor as error:
         return HttpResponse(str(error), status=400, content_type="text/plain")
-    now = _database_now(config.database)
+    now = database_now(config.database)
     context.update(
         state=state,
         finished=state in browsing.FINISHED,
@@ -171,22 +178,26 @@ def jobs(request: Any, site: Any, backend: str, state: str) -> HttpResponse:
         )
     if state == "blocked":
         context["keys"] = browsing.slot_holders(config.database, page.rows)
+    if state in WAITING:
+        context["paused"] = set(paused_queues(database=config.database))
     if state in browsing.FINISHED:
-        errors = dict(
-            Job.objects.using(config.database)
+        # Lists read no errors nor results (browsing.LIST_FIELDS): this page's, apart.
+        finished = {
+            pk: (errors, result)
+            for pk, errors, result in Job.objects.using(config.database)
             .filter(pk__in=[job.pk for job in page.rows])
-            .values_list("pk", "errors")
-        )
+            .values_list("pk", "errors", "return_value")
+        }
         context["last_errors"] = {
-            pk: (browsing.attempts(Job(errors=value)) or [None])[-1] for pk, value in errors.items()
+            pk: attempts[-1] if (attempts := browsing.attempts(Job(errors=errors))) else None
+            for pk, (errors, _) in finished.items()
+        }
+        context["return_values"] = {
+            pk: json.dumps(result, ensure_ascii=False)
+            for pk, (_, result) in finished.items()
+            if state == "successful"
         }
     return TemplateResponse(request, "stalwart/dashboard/jobs.html", context)
-
-
-def _database_now(database: str) -> Any:
-    from stalwart.ticks import database_now
-
-    return database_now(database)
 
 
 # -- one job ---------------------------------------------------------------------------------
@@ -200,7 +211,7 @@ def job(request: Any, site: Any, backend: str, job_id: Any) -> HttpResponse:
     row = browsing.find_job(config.database, job_id)
     if row is None:
         raise Http404("No such job (finished jobs are deleted after their retention period).")
-    now = _database_now(config.database)
+    now = database_now(config.database)
     owner = None
     if row.owner is not None:
         owner = browsing.owners(
@@ -210,20 +221,20 @@ def job(request: Any, site: Any, backend: str, job_id: Any) -> HttpResponse:
         job=row,
         task_result_status=row.get_status_display(),
         django_status=str(_task_result_status(row.status)),
-        attempts=browsing.attempts(row),
+        history=browsing.history(row),
         owner=owner,
         # Pretty JSON as text: the template escapes it like any other text.
         arguments=json.dumps({"args": row.args, "kwargs": row.kwargs}, indent=2),
         return_value=json.dumps(row.return_value, indent=2),
         actions=[a for a in JOB_ACTIONS[row.status] if a in context["allowed"]],
         now=now,
+        queue_paused=row.status in WAITING
+        and row.queue_name in paused_queues(database=config.database),
     )
     return TemplateResponse(request, "stalwart/dashboard/job.html", context)
 
 
 def _task_result_status(state: str) -> Any:
-    from stalwart.models import JobStatus
-
     return JobStatus(state).task_result_status
 
 
@@ -231,8 +242,6 @@ def _task_result_status(state: str) -> Any:
 
 
 def processes(request: Any, site: Any, backend: str) -> HttpResponse:
-    from stalwart.status import collect_status
-
     config = stalwart_backend(backend).config
     context = frame(request, site, backend, "Processes", "processes")
     if (refused := _guard(request, context)) is not None:
@@ -254,13 +263,11 @@ def processes(request: Any, site: Any, backend: str) -> HttpResponse:
 
 
 def recurring(request: Any, site: Any, backend: str) -> HttpResponse:
-    from stalwart.ticks import check_entry, last_runs
-
     config = stalwart_backend(backend).config
     context = frame(request, site, backend, "Recurring tasks", "recurring")
     if (refused := _guard(request, context)) is not None:
         return refused
-    now = _database_now(config.database)
+    now = database_now(config.database)
     latest = last_runs(config.database)
     entries = []
     for entry in config.recurring:

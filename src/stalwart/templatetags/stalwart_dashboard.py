@@ -50,5 +50,16 @@ def get(mapping: Any, key: Any) -> Any:
 
 @register.filter
 def short_id(value: Any) -> str:
-    """The first 13 characters of a job id: enough to tell jobs apart on a page."""
-    return str(value)[:13] + "…"
+    """A job id cut to what tells it apart: its first 8 hex digits (a UUIDv7's, the time it
+    was made, to the minute or so), then its last 12 (random: two jobs of one bulk enqueue
+    differ there). The page gives the whole id in a title."""
+    text = str(value)
+    return text if len(text) <= 21 else f"{text[:8]}…{text[-12:]}"
+
+
+@register.simple_tag
+def took(start: datetime | None, end: datetime | None) -> str:
+    """How long from ``start`` to ``end`` (an attempt's run), or a dash."""
+    if start is None or end is None:
+        return NOTHING
+    return duration((end - start).total_seconds())
