@@ -340,7 +340,7 @@ def cases() -> list[tuple[str, Callable[[Any], Any]]]:
     from django.db import connection
 
     from stalwart import ticks
-    from stalwart.db import Outcome, statements_for
+    from stalwart.db import Interruption, Outcome, statements_for
     from stalwart.models import Job
     from stalwart.queues import QueuePattern, QueueSelector
 
@@ -416,7 +416,7 @@ def cases() -> list[tuple[str, Callable[[Any], Any]]]:
         released = []
         for orphan in statements.orphan_owners(cursor):
             released += statements.release_owner_rows(
-                cursor, owner=orphan, error_class="x", error_text="gone", death="silence"
+                cursor, owner=orphan, error_class="x", error_text="gone", death="crash"
             )
         statements.hand_on_slots(cursor, released, notify=True)
 
@@ -462,7 +462,12 @@ def cases() -> list[tuple[str, Callable[[Any], Any]]]:
         ),
         (
             "release (5 jobs)",
-            lambda cursor: statements.release(cursor, owner=owner, jobs=held, notify=True),
+            lambda cursor: statements.release(
+                cursor,
+                owner=owner,
+                jobs=[Interruption(job_id, attempt, "stop") for job_id, attempt in held],
+                notify=True,
+            ),
         ),
         ("orphan sweep", orphan_sweep),
         (

@@ -21,6 +21,10 @@ if os.environ.get("STALWART_BENCH_DATABASE", "postgresql") == "postgresql":
             "PORT": os.environ.get("PGPORT", "5432"),
             "USER": os.environ.get("PGUSER", "postgres"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
+            # Workers keep their connections from job to job, as the docs advise (with
+            # Django's default of 0, each job would open its own).
+            "CONN_MAX_AGE": None,
+            "CONN_HEALTH_CHECKS": True,
         }
     }
 elif os.environ["STALWART_BENCH_DATABASE"] == "mysql":
@@ -33,6 +37,8 @@ elif os.environ["STALWART_BENCH_DATABASE"] == "mysql":
             "USER": os.environ.get("MYSQL_USER", "root"),
             "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
             "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+            "CONN_MAX_AGE": None,
+            "CONN_HEALTH_CHECKS": True,
         }
     }
     SILENCED_SYSTEM_CHECKS = ["models.W036", "models.W037"]  # see docs/how-to/use-mysql.md

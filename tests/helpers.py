@@ -20,6 +20,7 @@ from django.db import connection, connections
 from django.tasks import task_backends
 
 from stalwart.conf import WorkerOptions
+from stalwart.db import Interruption
 from stalwart.processes.worker import Worker
 from stalwart.queues import QueueSelector
 
@@ -133,17 +134,23 @@ _DIE_WITH_THE_TEST_RUN = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.whic
 
 
 class Child:
-    """A process running ``python -m django …`` against the test database. Always reaped."""
+    """A process running ``python -m django …`` (or another module) against the test
+    database. Always reaped."""
 
     def __init__(
-        self, *args: str, env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
+        module: str = "django",
     ) -> None:
-        """``prefix``: a command to run it under, e.g. ``faketime -f +30s``."""
+        """``prefix``: a command to run it under, e.g. ``faketime -f +30s``. ``module``: the
+        module ``python -m`` runs (a web server's, say: ``gunicorn``)."""
         self.args = args
         # A file, not a pipe: a pipe nobody reads fills up and blocks the child's logging.
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in _collect()
         self.process = subprocess.Popen(
-            [*_DIE_WITH_THE_TEST_RUN, *prefix, sys.executable, "-m", "django", *args],
+            [*_DIE_WITH_THE_TEST_RUN, *prefix, sys.executable, "-m", module, *args],
             cwd=ROOT,
             env=env or child_env(),
             stdout=self._log,
@@ -358,7 +365,10 @@ def _ten_outcomes() -> list:
 # SQL itself (tests/integration/test_mysql.py).
 LOCKING_STEPS = [
     pytest.param(lambda s, c: s.finish(c, owner=1, outcomes=_ten_outcomes()), id="finish"),
-    pytest.param(lambda s, c: s.release_rows(c, owner=1, jobs=[(uuid.uuid4(), 1)]), id="release"),
+    pytest.param(
+        lambda s, c: s.release_rows(c, owner=1, jobs=[Interruption(uuid.uuid4(), 1, "stop")]),
+        id="release",
+    ),
     pytest.param(
         lambda s, c: s.release_owner_rows(c, owner=1, error_class="x", error_text="y"),
         id="release_owner",

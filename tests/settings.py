@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 VENDOR = os.environ.get("STALWART_TEST_DATABASE", "sqlite")
 DB_NAME_OVERRIDE = os.environ.get("STALWART_DB_NAME")
@@ -26,6 +27,8 @@ RUN = os.environ.setdefault("STALWART_TEST_RUN", str(os.getpid()))
 
 SECRET_KEY = "stalwart-tests-not-secret"  # noqa: S105 - test settings
 DEBUG = False
+# The web servers of tests/acceptance/test_embedded.py answer requests to these.
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 # STALWART_USE_TZ=false: a project Stalwart must refuse to run (the check stalwart.E003).
 USE_TZ = os.environ.get("STALWART_USE_TZ", "true") != "false"
 TIME_ZONE = "UTC"
@@ -75,7 +78,15 @@ if VENDOR in ("postgresql", "postgresql-pgbouncer"):
             "PORT": os.environ.get("PGPORT", "5432"),
             "USER": os.environ.get("PGUSER", "postgres"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            "CONN_HEALTH_CHECKS": True,
+            # STALWART_CONN_MAX_AGE ("none": for good) and STALWART_CONN_HEALTH_CHECKS=false:
+            # connections a job thread keeps between jobs, never checked by Django (the
+            # fault suite's database restarts).
+            "CONN_HEALTH_CHECKS": os.environ.get("STALWART_CONN_HEALTH_CHECKS") != "false",
+            "CONN_MAX_AGE": (
+                None
+                if os.environ.get("STALWART_CONN_MAX_AGE") == "none"
+                else int(os.environ.get("STALWART_CONN_MAX_AGE", "0"))
+            ),
             "TEST": {"NAME": f"test_stalwart_{RUN}"},
         }
     }
@@ -132,7 +143,7 @@ else:
         f"not {VENDOR!r}"
     )
 
-TASKS = {
+TASKS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "stalwart.backend.StalwartBackend",
         "QUEUES": [],
@@ -141,6 +152,8 @@ TASKS = {
             "process_alive_threshold": float(os.environ.get("STALWART_ALIVE", "5")),
             "shutdown_timeout": float(os.environ.get("STALWART_SHUTDOWN_TIMEOUT", "10")),
             "max_attempts": int(os.environ.get("STALWART_MAX_ATTEMPTS", "5")),
+            "max_interruptions": int(os.environ.get("STALWART_MAX_INTERRUPTIONS", "10")),
+            "task_not_found_grace": float(os.environ.get("STALWART_TASK_NOT_FOUND_GRACE", "900")),
             "dispatchers": [{"polling_interval": 0.1}],
             "scheduler": {"polling_interval": 0.2},
             "recurring": json.loads(os.environ.get("STALWART_RECURRING", "{}")),

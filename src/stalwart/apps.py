@@ -11,10 +11,11 @@ class StalwartConfig(AppConfig):
         from django.core import checks
 
         from stalwart import log
-        from stalwart.checks import check_settings
+        from stalwart.checks import check_collation, check_settings
         from stalwart.db import sqlite_defaults
         from stalwart.processes import forking  # noqa: F401 - its at-fork hook, registered early
 
         log.install()
         sqlite_defaults.install()
         checks.register(check_settings)
+        checks.register(check_collation, checks.Tags.database)

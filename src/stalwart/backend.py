@@ -6,10 +6,12 @@ needs them, are imported when first used), so that a project that forgot ``"stal
 at enqueue that say so, not a ``RuntimeError`` from deep in Django's model registry.
 """
 
+from __future__ import annotations
+
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property, partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
@@ -20,7 +22,7 @@ from django.utils import timezone
 
 from stalwart import events, signals
 from stalwart.calls import call_signature, check_call, check_importable
-from stalwart.checks import require_app
+from stalwart.checks import check_backend, require_app
 from stalwart.conf import Options, read_options
 from stalwart.exceptions import TaskNotFound
 from stalwart.ids import uuid7, uuid7s
@@ -28,6 +30,12 @@ from stalwart.queues import validate_queue_name
 from stalwart.resolution import resolve_task
 from stalwart.serialization import encode_arguments, normalize_arguments
 from stalwart.task import StalwartTask
+
+if TYPE_CHECKING:
+    from django.core.checks import CheckMessage
+
+    from stalwart.bulk import CallArguments
+    from stalwart.jobs import JobStore
 
 
 class StalwartBackend(BaseTaskBackend):
@@ -39,7 +47,7 @@ class StalwartBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
 
-    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.config: Options = read_options(alias, params)
         if self.config.metrics:
@@ -48,13 +56,16 @@ class StalwartBackend(BaseTaskBackend):
             tally.install(self.config.database)
 
     @cached_property
-    def store(self) -> Any:
+    def store(self) -> JobStore:
+        """The job table's statements, on this backend's database."""
         require_app()
         from stalwart.jobs import JobStore
 
         return JobStore(self.config.database, notify=self.config.listen_notify)
 
-    def validate_task(self, task: Task) -> None:
+    def validate_task(self, task: Task[..., Any]) -> None:
+        """Refuse a task no worker could run: one defined inside a function, or with a queue
+        that ``QUEUES`` does not allow or whose name is invalid (``InvalidTask``)."""
         qualname = getattr(task.func, "__qualname__", "")
         if "<locals>" in qualname:
             # Django's sentence, and why: the worker finds a task by its module and name.
@@ -74,29 +85,33 @@ class StalwartBackend(BaseTaskBackend):
 
     # -- enqueue -----------------------------------------------------------------------------
 
-    def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+    def enqueue[**P, R](
+        self, task: Task[P, R], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> TaskResult[P, R]:
+        """Enqueue one call of ``task``: one row in the job table, in the current
+        transaction of the queue's database. The result's status is ``READY``."""
         return self._enqueue(task, [(args, kwargs)], bulk=False)[0]
 
-    def enqueue_many(
-        self, task: Task, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
-    ) -> list[TaskResult]:
+    def enqueue_many[**P, R](
+        self, task: Task[P, R], calls: Iterable[CallArguments]
+    ) -> list[TaskResult[P, R]]:
         """Enqueue many calls of one task in as few INSERT statements as possible.
 
         ``calls`` yields ``(args, kwargs)`` pairs (``stalwart.Call`` objects are such pairs).
         Every call is validated before anything is written: one bad call enqueues none.
         """
-        calls = list(calls)
+        listed = list(calls)
         # The ids made together, in one step: a bulk enqueue makes thousands.
-        return self._enqueue(task, calls, bulk=True, ids=uuid7s(len(calls)))
+        return self._enqueue(task, listed, bulk=True, ids=uuid7s(len(listed)))
 
-    def _enqueue(
+    def _enqueue[**P, R](
         self,
-        task: Task,
-        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+        task: Task[P, R],
+        calls: Iterable[CallArguments],
         *,
         bulk: bool,
         ids: Sequence[uuid.UUID] = (),
-    ) -> list[TaskResult]:
+    ) -> list[TaskResult[P, R]]:
         require_app()
         from stalwart.db import NewJob
         from stalwart.db.hints import noted
@@ -109,20 +124,23 @@ class StalwartBackend(BaseTaskBackend):
         signature = call_signature(task)
         now = timezone.now()
         run_after = task.run_after
-        scheduled = run_after is not None and run_after > now
-        status = (JobStatus.SCHEDULED if scheduled else JobStatus.READY).value
-        available_at = run_after if scheduled else now
+        available_at = run_after if run_after is not None and run_after > now else now
+        status = (JobStatus.SCHEDULED if available_at > now else JobStatus.READY).value
         task_path = task.module_path
         limit = self.config.max_arguments_size
         max_attempts = self.max_attempts_for(task)
-        guarded = isinstance(task, StalwartTask) and bool(
-            task.concurrency_limit is not None or task.unique
+        # The task's own options, for a Stalwart task with a limit or a unique key.
+        guarded = (
+            task
+            if isinstance(task, StalwartTask)
+            and (task.concurrency_limit is not None or bool(task.unique))
+            else None
         )
         rows: list[NewJob] = []
-        results: list[TaskResult] = []
+        results: list[TaskResult[P, R]] = []
         # Whether a call binds depends only on its shape (how many positional arguments,
         # which keyword names): the calls of one enqueue_many() are checked once per shape.
-        fitting: set[tuple[int, frozenset]] = set()
+        fitting: set[tuple[int, frozenset[str]]] = set()
         for index, (args, kwargs) in enumerate(calls):
             try:
                 if signature is not None:
@@ -141,9 +159,9 @@ class StalwartBackend(BaseTaskBackend):
                 raise
             job_id = ids[index] if ids else uuid7()
             concurrency_key = unique_key = None
-            if guarded:
-                concurrency_key = task.concurrency_key_for(plain_args, plain_kwargs)
-                unique_key = task.unique_key_for(plain_args, plain_kwargs)
+            if guarded is not None:
+                concurrency_key = guarded.concurrency_key_for(plain_args, plain_kwargs)
+                unique_key = guarded.unique_key_for(plain_args, plain_kwargs)
             rows.append(
                 NewJob(
                     id=job_id,
@@ -159,12 +177,19 @@ class StalwartBackend(BaseTaskBackend):
                     enqueued_at=now,
                     max_attempts=max_attempts,
                     concurrency_key=concurrency_key,
-                    concurrency_limit=task.concurrency_limit if concurrency_key else None,
+                    concurrency_limit=(
+                        guarded.concurrency_limit if guarded and concurrency_key else None
+                    ),
                     concurrency_duration=(
-                        task.concurrency_duration_seconds if concurrency_key else None
+                        guarded.concurrency_duration_seconds
+                        if guarded and concurrency_key
+                        else None
                     ),
                     unique_key=unique_key,
-                    unique_while_running=bool(unique_key and task.unique_while_running),
+                    unique_while_running=bool(
+                        guarded and unique_key and guarded.unique_while_running
+                    ),
+                    max_interruptions=self.config.max_interruptions,
                 )
             )
             results.append(
@@ -187,8 +212,8 @@ class StalwartBackend(BaseTaskBackend):
             return []
         fresh = results
         with noted(self.config.database):  # a missing table says what to run, say
-            if guarded:
-                results, fresh = self._insert_guarded(task, rows, results)
+            if guarded is not None:
+                results, fresh = self._insert_guarded(guarded, rows, results)
             else:
                 store.insert(rows)
         # Announce the jobs once they exist for everyone: at commit, or now in autocommit.
@@ -197,9 +222,9 @@ class StalwartBackend(BaseTaskBackend):
             events.emit("job_enqueued", job=result.id, task=task_path, queue=task.queue_name)
         return results
 
-    def _insert_guarded(
-        self, task: Task, rows: list[Any], results: list[TaskResult]
-    ) -> tuple[list[TaskResult], list[TaskResult]]:
+    def _insert_guarded[**P, R](
+        self, task: StalwartTask, rows: list[Any], results: list[TaskResult[P, R]]
+    ) -> tuple[list[TaskResult[P, R]], list[TaskResult[P, R]]]:
         """Insert jobs with a concurrency key or a unique key; a duplicate returns its twin.
 
         Returns every call's result, and those of the jobs actually created.
@@ -216,33 +241,42 @@ class StalwartBackend(BaseTaskBackend):
             )
         from stalwart.db import NewJob
 
-        final, fresh = [], []
+        final: list[TaskResult[P, R]] = []
+        fresh: list[TaskResult[P, R]] = []
         for result, outcome in zip(results, stored, strict=True):
             if isinstance(outcome, NewJob):
                 final.append(result)
                 fresh.append(result)
                 continue
             events.emit("job_deduplicated", task=task.module_path, job=str(outcome))
-            final.append(self.get_result(str(outcome)))
+            # The waiting twin is a job of this very task (its key includes the task's path).
+            final.append(cast("TaskResult[P, R]", self.get_result(str(outcome))))
         return final, fresh
 
-    def enqueue_with_id(
-        self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any], job_id: uuid.UUID
-    ) -> TaskResult:
+    def enqueue_with_id[**P, R](
+        self,
+        task: Task[P, R],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        job_id: uuid.UUID,
+    ) -> TaskResult[P, R]:
         """Enqueue one call under an id chosen beforehand (the scheduler records it first)."""
         return self._enqueue(task, [(args, kwargs)], bulk=False, ids=[job_id])[0]
 
-    def _send_enqueued(self, results: list[TaskResult]) -> None:
+    def _send_enqueued(self, results: Sequence[TaskResult[Any, Any]]) -> None:
         for result in results:
             signals.send(task_enqueued, "task_enqueued", sender=type(self), task_result=result)
 
-    def max_attempts_for(self, task: Task) -> int:
+    def max_attempts_for(self, task: Task[..., Any]) -> int:
         """How many times a job of ``task`` may be attempted before it is failed for good."""
-        return getattr(task, "max_attempts", None) or self.config.max_attempts
+        own = task.max_attempts if isinstance(task, StalwartTask) else None
+        return own or self.config.max_attempts
 
     # -- results -----------------------------------------------------------------------------
 
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
+        """The job ``result_id`` as a ``TaskResult``, read from the database now;
+        ``TaskResultDoesNotExist`` if there is no such job (or it was deleted)."""
         require_app()
         from stalwart.models import Job
         from stalwart.results import result_from_job
@@ -263,7 +297,6 @@ class StalwartBackend(BaseTaskBackend):
             ) from None
         return result_from_job(job, task)
 
-    def check(self, **kwargs: Any) -> list:
-        from stalwart.checks import check_backend
-
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """Django's system checks for this backend (``stalwart.E…``/``W…``)."""
         return check_backend(self, **kwargs)

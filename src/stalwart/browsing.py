@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -57,7 +58,8 @@ TIME_FIELDS = {
     "cancelled": "finished_at",
     None: "enqueued_at",
 }
-# What a list shows: never the arguments (they may hold personal data), nor the result.
+# What a list reads: never the arguments (they may hold personal data), nor the result
+# (the dashboard reads a page's results apart, for its list of successful jobs).
 LIST_FIELDS = (
     "id",
     "task_path",
@@ -149,7 +151,7 @@ class Count:
 
 
 def _encode(values: list[Any]) -> str:
-    tagged = []
+    tagged: list[list[Any]] = []
     for value in values:
         if isinstance(value, datetime):
             tagged.append(["d", value.isoformat()])
@@ -166,7 +168,12 @@ def _decode(cursor: str, length: int) -> list[Any]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         tagged = json.loads(raw)
-        readers = {"d": datetime.fromisoformat, "u": uuid.UUID, "i": int, "s": str}
+        readers: dict[str, Callable[[Any], Any]] = {
+            "d": datetime.fromisoformat,
+            "u": uuid.UUID,
+            "i": int,
+            "s": str,
+        }
         values = [readers[tag](value) for tag, value in tagged]
     except (ValueError, TypeError, KeyError, binascii.Error, json.JSONDecodeError):
         raise InvalidCursor(f"{cursor!r} is not a page cursor.") from None
@@ -334,29 +341,80 @@ def slot_holders(database: str, jobs: list[Job], *, per_key: int = 10) -> dict[s
 
 @dataclass(slots=True)
 class Attempt:
-    """One failed attempt's error (deaths included): its class and its traceback."""
+    """How one attempt ended, as the job records it: ``ended`` is ``failed`` (charged: an
+    error, deaths included), ``interrupted`` (not charged: ``cause`` says why), or the job's
+    final state for its last attempt (``successful``, ``cancelled``, ``running``)."""
 
     number: int
-    exception_class_path: str
-    traceback: str
+    exception_class_path: str = ""
+    traceback: str = ""
+    ended: str = "failed"
+    cause: str = ""
+    at: str = ""
+    process: str = ""
 
     @property
     def message(self) -> str:
-        """The traceback's last line: the exception and its message."""
+        """The traceback's last line: the exception and its message (or the cause)."""
+        if self.ended != "failed":
+            return self.cause
         lines = [line for line in self.traceback.strip().splitlines() if line.strip()]
         return lines[-1] if lines else self.exception_class_path
 
 
 def attempts(job: Job) -> list[Attempt]:
-    return [
-        Attempt(
-            number=index,
-            exception_class_path=str(error.get("exception_class_path", "")),
-            traceback=str(error.get("traceback", "")),
+    """The failed attempts (deaths charged included), each with its error."""
+    found = []
+    for index, error in enumerate(job.errors or [], start=1):
+        if not isinstance(error, dict):
+            continue
+        number = error.get("attempt")
+        found.append(
+            Attempt(
+                # Errors stored before attempts were numbered: their place in the list.
+                number=number if isinstance(number, int) else index,
+                exception_class_path=str(error.get("exception_class_path", "")),
+                traceback=str(error.get("traceback", "")),
+                at=str(error.get("at") or ""),
+                process=str(error.get("process") or ""),
+            )
         )
-        for index, error in enumerate(job.errors or [], start=1)
-        if isinstance(error, dict)
-    ]
+    return found
+
+
+# The last attempt's end, for a job in one of these states (it left no error behind).
+_FINAL_ENDS = {"successful": "successful", "cancelled": "cancelled", "running": "running"}
+
+
+def history(job: Job) -> list[Attempt]:
+    """Why each attempt of the job ended, in attempt order: its errors, its interruptions,
+    and how its last attempt ended (or that it runs). An attempt claimed and then given back
+    unstarted for another worker (its task not found here, in a rolling deploy) leaves no
+    record."""
+    found = attempts(job)
+    for entry in job.interruptions or []:
+        if isinstance(entry, dict) and isinstance(entry.get("attempt"), int):
+            found.append(
+                Attempt(
+                    number=entry["attempt"],
+                    ended="interrupted",
+                    cause=str(entry.get("cause") or ""),
+                    at=str(entry.get("at") or ""),
+                    process=str(entry.get("process") or ""),
+                )
+            )
+    final = _FINAL_ENDS.get(job.status)
+    if final is not None and job.attempt and all(a.number != job.attempt for a in found):
+        moment = job.finished_at if final != "running" else job.last_attempted_at
+        found.append(
+            Attempt(
+                number=job.attempt,
+                ended=final,
+                at=moment.isoformat() if moment else "",
+                process=str(job.worker_ids[-1]) if job.worker_ids else "",
+            )
+        )
+    return sorted(found, key=lambda attempt: attempt.number)
 
 
 def find_job(database: str, job_id: Any) -> Job | None:
@@ -368,10 +426,15 @@ def find_job(database: str, job_id: Any) -> Job | None:
     return Job.objects.using(database).filter(pk=key).first()
 
 
-def as_dict(job: Job, *, with_arguments: bool = True) -> dict[str, Any]:
-    """A job as JSON-ready data: what ``queue show --json`` prints."""
+# What a list of jobs shows of each (``queue jobs --json``); one job shows all.
+BRIEF_FIELDS = (*LIST_FIELDS, "concurrency_limit", "unique_while_running")
+
+
+def as_dict(job: Job, *, with_arguments: bool = True, brief: bool = False) -> dict[str, Any]:
+    """A job as JSON-ready data: what ``queue show --json`` prints; ``brief``, what a list
+    shows of it (``BRIEF_FIELDS``, read by ``list_jobs(fields=BRIEF_FIELDS)``)."""
     data: dict[str, Any] = {}
-    for name in (*LIST_FIELDS, "worker_ids", "concurrency_limit", "unique_while_running"):
+    for name in BRIEF_FIELDS if brief else (*BRIEF_FIELDS, "worker_ids"):
         value = getattr(job, name)
         if isinstance(value, datetime):
             value = value.isoformat()
@@ -379,6 +442,8 @@ def as_dict(job: Job, *, with_arguments: bool = True) -> dict[str, Any]:
             value = str(value)
         data[name] = value
     data["task_result_status"] = str(JobStatus(job.status).task_result_status)
+    if brief:
+        return data
     data["errors"] = [
         {
             "attempt": attempt.number,
@@ -387,6 +452,19 @@ def as_dict(job: Job, *, with_arguments: bool = True) -> dict[str, Any]:
         }
         for attempt in attempts(job)
     ]
+    data["attempts"] = [
+        {
+            "attempt": attempt.number,
+            "ended": attempt.ended,
+            "at": attempt.at or None,
+            "process": attempt.process or None,
+            "cause": attempt.cause or None,
+            "error": attempt.exception_class_path or None,
+        }
+        for attempt in history(job)
+    ]
+    data["interruptions"] = len(job.interruptions or [])
+    data["max_interruptions"] = job.max_interruptions
     data["return_value"] = job.return_value
     if with_arguments:
         data["args"] = job.args

@@ -1,15 +1,21 @@
 """Enqueueing many calls of one task at once: ``enqueue_many(task, [Call(...), ...])``."""
 
+from __future__ import annotations
+
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from asgiref.sync import sync_to_async
 from django.tasks import Task, TaskResult
 
+from stalwart.aliases import is_stalwart
 from stalwart.exceptions import NotAStalwartBackend
 
+if TYPE_CHECKING:
+    from stalwart.backend import StalwartBackend
 
-class Call(Sequence):
+
+class Call(Sequence[Any]):
     """The arguments of one call: ``Call(1, 2, key="value")``.
 
     It is an ``(args, kwargs)`` pair, so a plain list of such pairs works too.
@@ -21,7 +27,11 @@ class Call(Sequence):
         self.args = args
         self.kwargs = kwargs
 
-    def __getitem__(self, index: int) -> Any:  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
         return (self.args, self.kwargs)[index]
 
     def __len__(self) -> int:
@@ -34,7 +44,9 @@ class Call(Sequence):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Call) and (self.args, self.kwargs) == (other.args, other.kwargs)
 
-    __hash__ = None  # type: ignore[assignment] - arguments may be lists and dicts
+    # Unhashable, since its arguments may be lists and dicts. The ignore: object declares
+    # __hash__ a method, and None is how Python spells "unhashable" (as for list).
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         parts = [repr(arg) for arg in self.args]
@@ -42,11 +54,13 @@ class Call(Sequence):
         return f"Call({', '.join(parts)})"
 
 
-def _backend(task: Task) -> Any:
-    from stalwart.backend import StalwartBackend
+# One call's arguments, as enqueue_many() takes them: a Call, or an (args, kwargs) pair.
+CallArguments = Call | tuple[Sequence[Any], Mapping[str, Any]]
 
+
+def _backend(task: Task[..., Any]) -> StalwartBackend:
     backend = task.get_backend()
-    if not isinstance(backend, StalwartBackend):
+    if not is_stalwart(backend):
         raise NotAStalwartBackend(
             f"enqueue_many() needs a Stalwart backend; task {task.module_path!r} uses "
             f"{type(backend).__qualname__} (TASKS[{task.backend!r}])."
@@ -54,9 +68,9 @@ def _backend(task: Task) -> Any:
     return backend
 
 
-def enqueue_many(
-    task: Task, calls: Iterable[Call | tuple[Sequence[Any], Mapping[str, Any]]]
-) -> list[TaskResult]:
+def enqueue_many[**P, R](
+    task: Task[P, R], calls: Iterable[CallArguments]
+) -> list[TaskResult[P, R]]:
     """Enqueue one job per call, in as few INSERT statements as possible.
 
     All calls are validated first; if one is invalid, none is enqueued. Inside
@@ -65,9 +79,9 @@ def enqueue_many(
     return _backend(task).enqueue_many(task, calls)
 
 
-async def aenqueue_many(
-    task: Task, calls: Iterable[Call | tuple[Sequence[Any], Mapping[str, Any]]]
-) -> list[TaskResult]:
+async def aenqueue_many[**P, R](
+    task: Task[P, R], calls: Iterable[CallArguments]
+) -> list[TaskResult[P, R]]:
     """The async twin of ``enqueue_many``."""
     backend = _backend(task)
     return await sync_to_async(backend.enqueue_many, thread_sensitive=True)(task, list(calls))

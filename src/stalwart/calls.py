@@ -7,6 +7,8 @@ the code that made it, not later in a worker:
   itself would raise, raised at enqueue.
 """
 
+from __future__ import annotations
+
 import functools
 import inspect
 import sys
@@ -37,7 +39,7 @@ def _defined_where_no_worker_looks(func: Callable[..., Any]) -> str | None:
     return None
 
 
-def check_importable(task: Task) -> None:
+def check_importable(task: Task[..., Any]) -> None:
     """Refuse a task whose path leads nowhere in a worker process."""
     reason = _defined_where_no_worker_looks(task.func)
     if reason is not None:
@@ -56,13 +58,16 @@ def _signature(func: Callable[..., Any], takes_context: bool) -> inspect.Signatu
     return signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
 
 
-def call_signature(task: Task) -> inspect.Signature | None:
+def call_signature(task: Task[..., Any]) -> inspect.Signature | None:
     """The signature a call of ``task`` must fit (without the context), if it has one."""
     return _signature(task.func, task.takes_context)
 
 
 def check_call(
-    task: Task, signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any]
+    task: Task[..., Any],
+    signature: inspect.Signature,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
 ) -> None:
     """Raise ``ArgumentsDoNotFit`` (a ``TypeError``) if the call would not bind."""
     try:

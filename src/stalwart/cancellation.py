@@ -6,13 +6,18 @@ running job is asked to stop; its task sees the request through its context
 (``context.cancel_requested``) and stops if it checks. Finished jobs are left alone.
 """
 
-from typing import Any
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, Task, TaskResult
 
+if TYPE_CHECKING:
+    from stalwart.control import Cancelled
 
-def _job_id(job: Any) -> str:
+
+def _job_id(job: TaskResult[..., Any] | str) -> str:
     import uuid
 
     value = job.id if isinstance(job, TaskResult) else job
@@ -23,14 +28,14 @@ def _job_id(job: Any) -> str:
 
 
 def cancel(
-    *jobs: TaskResult | str,
-    task: Task | str | None = None,
+    *jobs: TaskResult[..., Any] | str,
+    task: Task[..., Any] | str | None = None,
     queue: str | None = None,
     everything: bool = False,
     backend: str = DEFAULT_TASK_BACKEND_ALIAS,
     dry_run: bool = False,
     batch_size: int | None = None,
-) -> Any:
+) -> Cancelled:
     """Cancel jobs: by result or id, every job of a ``task``, of a ``queue``, or all of them
     (``everything=True``). Returns ``Cancelled(cancelled=..., requested=...)``: waiting jobs
     cancelled, running jobs asked to stop. Bulk cancels go in batches of ``batch_size``
@@ -52,6 +57,22 @@ def cancel(
     )
 
 
-async def acancel(*jobs: TaskResult | str, **options: Any) -> Any:
+async def acancel(
+    *jobs: TaskResult[..., Any] | str,
+    task: Task[..., Any] | str | None = None,
+    queue: str | None = None,
+    everything: bool = False,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    dry_run: bool = False,
+    batch_size: int | None = None,
+) -> Cancelled:
     """The async twin of ``cancel``."""
-    return await sync_to_async(cancel, thread_sensitive=True)(*jobs, **options)
+    return await sync_to_async(cancel, thread_sensitive=True)(
+        *jobs,
+        task=task,
+        queue=queue,
+        everything=everything,
+        backend=backend,
+        dry_run=dry_run,
+        batch_size=batch_size,
+    )

@@ -19,9 +19,9 @@ from importlib import import_module
 from importlib.util import find_spec
 
 from django.apps import apps
-from django.conf import settings
 
 from stalwart import events
+from stalwart.aliases import stalwart_backends
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,19 +34,9 @@ class Catalog:
 
 def project_task_modules() -> list[tuple[str, str]]:
     """``(module, where it is named)`` for every task module of the project, in load order."""
-    from django.tasks import task_backends
-
-    from stalwart.backend import StalwartBackend
-
     named = [(f"{config.name}.tasks", f"app {config.label!r}") for config in apps.get_app_configs()]
-    for alias in getattr(settings, "TASKS", {}):
-        try:
-            backend = task_backends[alias]
-        except Exception:  # noqa: BLE001, S112 - a backend that cannot load has no tasks to run
-            continue
-        if not isinstance(backend, StalwartBackend):
-            continue
-        where = f"TASKS[{alias!r}]['OPTIONS']"
+    for backend in stalwart_backends():
+        where = f"TASKS[{backend.alias!r}]['OPTIONS']"
         for entry in backend.config.recurring:
             module = entry.task_path.rpartition(".")[0]
             if module:

@@ -6,11 +6,16 @@ tasks are imported.
 """
 
 import difflib
+import re
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from stalwart.aliases import stalwart_aliases, stalwart_backends
+from stalwart.binding import recurring_problems
 
 SUPPORTED_VENDORS = ("postgresql", "sqlite", "mysql")
 
@@ -45,27 +50,10 @@ def require_app() -> None:
         raise ImproperlyConfigured(f"{APP_NOT_INSTALLED} {APP_HINT}")
 
 
-def stalwart_aliases() -> list[str]:
-    """The TASKS aliases whose backend is Stalwart's (entries that fail to load are not)."""
-    from django.tasks import task_backends
-
-    from stalwart.backend import StalwartBackend
-
-    aliases = []
-    for alias in getattr(settings, "TASKS", {}):
-        try:
-            backend = task_backends[alias]
-        except Exception:  # noqa: BLE001, S112 - Django's own check reports broken backends
-            continue
-        if isinstance(backend, StalwartBackend):
-            aliases.append(alias)
-    return aliases
-
-
 def check_tasks_keys(alias: str) -> list[checks.CheckMessage]:
     """Keys of ``TASKS[alias]`` that look like typos of the ones Django reads: as written,
     they are ignored, and the backend runs without what they say."""
-    messages = []
+    messages: list[checks.CheckMessage] = []
     for key in getattr(settings, "TASKS", {}).get(alias, {}):
         if key in TASKS_KEYS or not isinstance(key, str):
             continue
@@ -123,8 +111,6 @@ def check_backend(backend: Any, **kwargs: Any) -> list[checks.CheckMessage]:
             )
         )
         return messages
-    from django.db import connections
-
     connection = connections[config.database]
     if connection.vendor not in SUPPORTED_VENDORS:
         messages.append(
@@ -174,6 +160,65 @@ def check_isolation(alias: str, connection: Any) -> list[checks.CheckMessage]:
     ]
 
 
+# A MySQL/MariaDB collation that ignores case (_ci) or accents (_ai): utf8mb4_general_ci
+# (MariaDB's default), utf8mb4_0900_ai_ci (MySQL 8's), utf8mb4_uca1400_ai_ci (MariaDB 11's).
+_LOOSE_COLLATION = re.compile(r"_(ci|ai)(_|$)", re.IGNORECASE)
+
+
+def table_collations(connection: Any) -> list[str]:
+    """The collations of the text columns of Stalwart's tables on a MySQL/MariaDB connection;
+    before ``migrate`` has made them, the database's default (which they will get)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT collation_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name LIKE %s "
+            "AND collation_name IS NOT NULL",
+            ["stalwart\\_%"],
+        )
+        found = sorted(row[0] for row in cursor.fetchall())
+        if not found:
+            cursor.execute("SELECT @@collation_database")
+            found = [cursor.fetchone()[0]]
+    return found
+
+
+def check_collation(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """MySQL/MariaDB queue databases whose collation ignores case or accents. It asks the
+    server, so it is a database check: Django runs it for the databases it is given
+    (``check --database ALIAS``, ``migrate``; ``queue check`` gives the queue's)."""
+    messages: list[checks.CheckMessage] = []
+    seen: set[str] = set()
+    for backend in stalwart_backends():
+        alias = backend.config.database
+        if alias in seen or alias not in (databases or ()) or alias not in settings.DATABASES:
+            continue
+        seen.add(alias)
+        connection = connections[alias]
+        if connection.vendor != "mysql":
+            continue
+        loose = [name for name in table_collations(connection) if _LOOSE_COLLATION.search(name)]
+        if not loose:
+            continue
+        name = settings.DATABASES[alias].get("NAME") or "your_database"
+        messages.append(
+            checks.Warning(
+                f"DATABASES[{alias!r}] compares Stalwart's text columns with the collation "
+                f"{loose[0]!r}, which ignores case or accents: the queues 'Emails' and "
+                "'emails' are one queue, and unique or concurrency keys that differ only in "
+                "case are one key.",
+                hint=f"Use utf8mb4_bin: ALTER DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE "
+                "utf8mb4_bin before 'migrate' creates the tables; tables made already keep "
+                "theirs: ALTER TABLE stalwart_job CONVERT TO CHARACTER SET utf8mb4 COLLATE "
+                "utf8mb4_bin, and likewise each stalwart_ table. See 'Use MySQL or MariaDB' "
+                "in Stalwart's documentation.",
+                id="stalwart.W007",
+            )
+        )
+    return messages
+
+
 def pool_size(pool: Any) -> int:
     """The most connections Django's ``OPTIONS["pool"]`` lets one process open (psycopg_pool
     defaults: ``min_size`` 4, ``max_size`` equal to ``min_size``)."""
@@ -213,8 +258,6 @@ def check_pool(backend: Any, connection: Any) -> list[checks.CheckMessage]:
 def check_pooler(backend: Any, connection: Any) -> list[checks.CheckMessage]:
     """Settings that cannot work behind a pooler in transaction mode (``transaction_pooler``),
     and a ``listen_database`` that would hear no notification."""
-    from django.db import connections
-
     config = backend.config
     options = f"TASKS[{backend.alias!r}]['OPTIONS']"
     messages: list[checks.CheckMessage] = []
@@ -292,8 +335,6 @@ def _same_server(one: Any, other: Any) -> bool:
 
 
 def check_recurring(backend: Any) -> list[checks.CheckMessage]:
-    from stalwart.diagnostics import recurring_problems
-
     # A warning, not an error: the scheduler skips a broken entry and carries on, and an error
     # here would stop 'migrate' and 'runserver' too. 'queue check' fails on it.
     return [checks.Warning(problem, id="stalwart.W004") for problem in recurring_problems(backend)]

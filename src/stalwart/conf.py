@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+from stalwart import deadlines
 from stalwart.exceptions import ConfigurationError, InvalidQueueName
 from stalwart.queues import QueueSelector
 from stalwart.recurring import RecurringTask, read_recurring_apart
@@ -68,9 +69,17 @@ class Options:
     # The queue's own connections: no statement runs longer, no lock is waited on longer.
     statement_timeout: float = 10.0
     lock_timeout: float = 1.0
-    shutdown_timeout: float = 30.0
+    # Under the 30 s grace that Heroku and Kubernetes give a stopping process, with room
+    # for the supervisor to release what is left.
+    shutdown_timeout: float = 20.0
     max_arguments_size: int = MIB
     max_attempts: int = 5
+    # Interruptions a job may suffer for free (an outage, a stop, a neighbour's crash): past
+    # them, each is charged as a failed attempt (see ``Death``).
+    max_interruptions: int = 10
+    # How long a job whose task a worker cannot find waits for a worker that has it (a
+    # rolling deploy), before it fails with TaskNotFound.
+    task_not_found_grace: float = 900.0
     listen_notify: bool = True  # False when behind a pooler with no listen_database
     # The database is reached through a pooler in transaction mode (PgBouncer): no session
     # state on its connections; LISTEN only on listen_database, a direct connection.
@@ -216,17 +225,21 @@ def _read_retention(reader: "_Reader", status: str, default: timedelta) -> timed
     return timedelta(seconds=seconds)
 
 
-def _read_timeouts(reader: "_Reader", threshold: float) -> tuple[float, float]:
-    """``statement_timeout`` and ``lock_timeout`` of the queue's own connections.
+def _read_timeouts(reader: "_Reader", interval: float, threshold: float) -> tuple[float, float]:
+    """``statement_timeout`` and ``lock_timeout`` of the queue's own connections, and the
+    check that the liveness deadlines hold with them (``stalwart.deadlines``).
 
     By default 10 s and 1 s, each capped: a statement must be cancelled well before its
     process would be taken for stalled (half of ``process_alive_threshold``), so at most a
-    quarter of it; a lock wait at most as long as a statement.
+    quarter of it; a lock wait at most as long as a statement. And a healthy process must
+    survive a failed heartbeat and a slow one (``stalwart.deadlines``): settings that do not
+    are refused, with the values that would.
     """
     ceiling = threshold / 4
     statement = reader.get("statement_timeout", None)
+    by_default = statement is None
     if statement is None:
-        statement = min(10.0, ceiling)
+        statement = deadlines.default_statement_timeout(threshold)
     else:
         statement = reader.number("statement_timeout", 10.0, minimum=0.01, maximum=86400)
         if statement > ceiling:
@@ -236,6 +249,11 @@ def _read_timeouts(reader: "_Reader", threshold: float) -> tuple[float, float]:
                 "that a statement that hangs is cancelled before its process is taken for "
                 "stalled."
             )
+    wrong = deadlines.problem(interval, threshold, statement, by_default=by_default)
+    if wrong is not None:
+        raise ConfigurationError(
+            f"{reader.name('process_alive_threshold')} ({threshold:g} s) {wrong}."
+        )
     lock = reader.get("lock_timeout", None)
     if lock is None:
         lock = min(1.0, statement / 2)
@@ -318,13 +336,7 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
     )
     heartbeat = reader.number("heartbeat_interval", 10.0, minimum=0.05, maximum=3600)
     threshold = reader.number("process_alive_threshold", 60.0, minimum=0.2, maximum=86400)
-    if threshold < 3 * heartbeat:
-        raise ConfigurationError(
-            f"{reader.name('process_alive_threshold')} ({threshold:g} s) must be at least three "
-            f"times {reader.name('heartbeat_interval')} ({heartbeat:g} s): live processes would "
-            "be taken for dead, or end for one slow heartbeat."
-        )
-    statement_timeout, lock_timeout = _read_timeouts(reader, threshold)
+    statement_timeout, lock_timeout = _read_timeouts(reader, heartbeat, threshold)
     options = Options(
         alias=alias,
         database=reader.choice(
@@ -340,9 +352,13 @@ def read_options(alias: str, params: Mapping[str, Any]) -> Options:
         process_alive_threshold=threshold,
         statement_timeout=statement_timeout,
         lock_timeout=lock_timeout,
-        shutdown_timeout=reader.number("shutdown_timeout", 30.0, minimum=0, maximum=86400),
+        shutdown_timeout=reader.number("shutdown_timeout", 20.0, minimum=0, maximum=86400),
         max_arguments_size=reader.whole("max_arguments_size", MIB, minimum=64, maximum=256 * MIB),
         max_attempts=reader.whole("max_attempts", 5, minimum=1, maximum=1000),
+        max_interruptions=reader.whole("max_interruptions", 10, minimum=0, maximum=1000),
+        task_not_found_grace=reader.number(
+            "task_not_found_grace", 900.0, minimum=0, maximum=30 * 86400
+        ),
         **_read_wakeups(reader),
         keep_successful=_read_retention(reader, "successful", timedelta(days=1)),
         keep_failed=_read_retention(reader, "failed", timedelta(days=7)),

@@ -9,14 +9,25 @@ steps checks it between them and stops, by raising ``JobCancelled``
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from django.tasks import TaskContext
 
 from stalwart.exceptions import JobCancelled
 
+if TYPE_CHECKING:
+    # django-stubs makes TaskContext generic (in its task's parameters and return value);
+    # Django's class is not subscriptable, so the type checker alone sees the parameters.
+    _AnyTaskContext = TaskContext[..., Any]
+else:
+    _AnyTaskContext = TaskContext
 
+
+# The ignore below: django-stubs (6.1) declares TaskContext a plain dataclass, while Django's
+# is frozen (@dataclass(frozen=True, slots=True, kw_only=True)), as this one must be to
+# inherit from it; mypy believes the stub and calls the inheritance invalid.
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StalwartTaskContext(TaskContext):
+class StalwartTaskContext(_AnyTaskContext):  # type: ignore[misc]
     """``django.tasks.TaskContext``, plus whether someone asked the job to stop."""
 
     cancellation: threading.Event = field(

@@ -5,29 +5,51 @@ Bulk operations work in bounded batches (``batch_size`` rows per statement, each
 transaction), so thousands of jobs never hold one long transaction or lock.
 """
 
-from collections.abc import Sequence
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from django.utils import timezone
 
 from stalwart import events
-from stalwart.db import statements_for
+from stalwart.db import Statements, statements_for
 from stalwart.db.retry import retry_transient
 from stalwart.db.wakeups import RESUMED
+from stalwart.exceptions import NotAStalwartBackend
 from stalwart.jobs import JobStore
 from stalwart.models import QueuePause
 from stalwart.models.job import FINISHED_STATES
-from stalwart.queues import validate_queue_name
+from stalwart.queues import QueueSelector, validate_queue_name
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
+
+    from stalwart.backend import StalwartBackend
+    from stalwart.conf import Options
 
 BATCH_SIZE = 1000
 
 
+def _stalwart(backend: str) -> StalwartBackend:
+    """The Stalwart backend ``TASKS[backend]``; ``NotAStalwartBackend`` if it is another."""
+    from stalwart.backend import StalwartBackend
+
+    found = task_backends[backend]
+    if not isinstance(found, StalwartBackend):
+        raise NotAStalwartBackend(
+            f"TASKS[{backend!r}] is {type(found).__qualname__}, not a Stalwart backend "
+            "(stalwart.backend.StalwartBackend)."
+        )
+    return found
+
+
 def _database(backend: str) -> str:
-    return task_backends[backend].config.database
+    return _stalwart(backend).config.database
 
 
 # -- pausing ---------------------------------------------------------------------------------
@@ -51,7 +73,7 @@ def resume(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> boo
     if deleted:
         events.emit("queue_resumed", queue=queue_name)
         # The backend's own store: it notifies only where listen_notify says workers listen.
-        task_backends[backend].store.wake([f"{RESUMED}{queue_name}"])
+        _stalwart(backend).store.wake([f"{RESUMED}{queue_name}"])
     return bool(deleted)
 
 
@@ -62,7 +84,7 @@ def queue_users(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -
     a misspelt name."""
     from stalwart.models import Job, Process
 
-    stalwart = task_backends[backend]
+    stalwart = _stalwart(backend)
     config = stalwart.config
     users = [f"task {path}" for path, name in _task_queues() if name == queue_name]
     if queue_name in stalwart.queues:
@@ -89,8 +111,9 @@ def queue_users(queue_name: str, *, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -
 
 def named_queues(*, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> list[str]:
     """The queue names the project's tasks, ``QUEUES`` and recurring entries name."""
-    config = task_backends[backend].config
-    names = {name for _, name in _task_queues()} | set(task_backends[backend].queues)
+    stalwart = _stalwart(backend)
+    config = stalwart.config
+    names = {name for _, name in _task_queues()} | set(stalwart.queues)
     names |= {entry.queue_name for entry in config.recurring if entry.queue_name}
     return sorted(names)
 
@@ -113,16 +136,14 @@ def _task_queues() -> list[tuple[str, str]]:
     return found
 
 
-def _parse_selector(text: str) -> Any:
-    from stalwart.queues import QueueSelector
-
+def _parse_selector(text: str) -> QueueSelector | None:
     try:
         return QueueSelector.parse(text)
     except ValueError:
         return None
 
 
-def _names(selector: Any, queue_name: str) -> bool:
+def _names(selector: QueueSelector | None, queue_name: str) -> bool:
     """Whether a worker queue list names ``queue_name``: by name or by a prefix, not ``*``."""
     if selector is None or not selector.serves(queue_name):
         return False
@@ -134,6 +155,7 @@ def _names(selector: Any, queue_name: str) -> bool:
 def paused_queues(
     *, backend: str = DEFAULT_TASK_BACKEND_ALIAS, database: str | None = None
 ) -> list[str]:
+    """The paused queues, sorted (of ``backend``'s database, or of ``database``)."""
     return sorted(
         QueuePause.objects.using(database or _database(backend)).values_list(
             "queue_name", flat=True
@@ -166,7 +188,7 @@ class Selection:
                 "Say which jobs: by id, by task, by queue, or all of them (everything=True)."
             )
 
-    def sql(self, statements: Any) -> tuple[str, list]:
+    def sql(self, statements: Statements) -> tuple[str, list[Any]]:
         """The selection's conditions for ``statements``' database."""
         return statements.selection_sql(
             ids=self.ids,
@@ -185,12 +207,12 @@ def _check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a whole number of at least 1, not {batch_size!r}.")
 
 
-def _batches(database: str, work: Any, batch_size: int) -> int:
+def _batches(database: str, work: Callable[[CursorWrapper, int], int], batch_size: int) -> int:
     """Run ``work(cursor, limit)`` (one transaction each) until a batch comes back short."""
     done = 0
     while True:
 
-        def one_batch() -> Any:
+        def one_batch() -> int:
             with transaction.atomic(using=database), connections[database].cursor() as cursor:
                 return work(cursor, batch_size)
 
@@ -231,7 +253,7 @@ def _requeue(
     database = _database(backend)
     _check_batch_size(batch_size)
     store = JobStore(database)
-    statements = store.statements
+    statements: Statements = store.statements
     conditions, params = selection.sql(statements)
     if dry_run:
         with transaction.atomic(using=database), store.connection.cursor() as cursor:
@@ -242,9 +264,9 @@ def _requeue(
 
     # Each batch goes on after the last id the one before moved (a keyset), so the jobs a
     # batch leaves behind (a twin waits with their unique key) are not read again and again.
-    last = {"id": None}
+    last: dict[str, Any] = {"id": None}
 
-    def batch(cursor: Any, limit: int) -> int:
+    def batch(cursor: CursorWrapper, limit: int) -> int:
         statements.without_jit(cursor)
         moved = statements.requeue_batch(
             cursor,
@@ -370,7 +392,7 @@ def cancel_jobs(
     database = _database(backend)
     _check_batch_size(batch_size)
     store = JobStore(database)
-    statements = store.statements
+    statements: Statements = store.statements
     conditions, params = selection.sql(statements)
     if dry_run:
         with store.connection.cursor() as cursor:
@@ -379,7 +401,7 @@ def cancel_jobs(
             )
         return Cancelled(cancelled=waiting, requested=running)
 
-    def batch(cursor: Any, limit: int) -> int:
+    def batch(cursor: CursorWrapper, limit: int) -> int:
         moved = statements.cancel_batch(cursor, conditions=conditions, params=params, limit=limit)
         for key in sorted({key for _, key in moved if key is not None}):
             statements.unblock(cursor, key=key, notify=store.notify)
@@ -442,7 +464,7 @@ def prune_finished(
     return count
 
 
-def delete_expired_jobs(config: Any, *, batch_size: int = BATCH_SIZE) -> int:
+def delete_expired_jobs(config: Options, *, batch_size: int = BATCH_SIZE) -> int:
     """Apply ``OPTIONS['retention']``: delete expired finished jobs and old recurring ticks."""
     deleted = 0
     kept = (

@@ -4,15 +4,19 @@ Each problem is one sentence naming what is wrong and where: the setting, the da
 migration, the recurring entry.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.core import checks
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from stalwart import catalog
 from stalwart.db.hints import explain, migrate_command
-from stalwart.ticks import check_entry
+
+if TYPE_CHECKING:
+    from django.db.backends.mysql.base import DatabaseWrapper as MySQLWrapper
+    from django.db.backends.postgresql.base import DatabaseWrapper as PostgreSQLWrapper
 
 MIN_POSTGRESQL = (12, 0)  # MATERIALIZED common table expressions
 MIN_SQLITE = (3, 35, 0)  # UPDATE ... RETURNING
@@ -24,11 +28,12 @@ def server_version(alias: str) -> str:
     """The database server and its version, as ``queue check`` reports it."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        major, minor = divmod(connection.pg_version, 10000)
+        major, minor = divmod(cast("PostgreSQLWrapper", connection).pg_version, 10000)
         return f"PostgreSQL {major}.{minor}"
     if connection.vendor == "mysql":
-        name = "MariaDB" if connection.mysql_is_mariadb else "MySQL"
-        return f"{name} {'.'.join(map(str, connection.mysql_version))}"
+        mysql = cast("MySQLWrapper", connection)
+        name = "MariaDB" if mysql.mysql_is_mariadb else "MySQL"
+        return f"{name} {'.'.join(map(str, mysql.mysql_version))}"
     if connection.vendor == "sqlite":
         import sqlite3
 
@@ -46,7 +51,7 @@ def database_problems(alias: str) -> list[str]:
         return [explain(error, alias)]
     problems = []
     if connection.vendor == "postgresql":
-        version = divmod(connection.pg_version, 10000)
+        version = divmod(cast("PostgreSQLWrapper", connection).pg_version, 10000)
         if version < MIN_POSTGRESQL:
             problems.append(
                 f"{where} is PostgreSQL {version[0]}; Stalwart needs 12 or newer "
@@ -61,9 +66,10 @@ def database_problems(alias: str) -> list[str]:
                 "(for UPDATE ... RETURNING)."
             )
     elif connection.vendor == "mysql":
-        mariadb = connection.mysql_is_mariadb
+        mysql = cast("MySQLWrapper", connection)
+        mariadb = mysql.mysql_is_mariadb
         needed = MIN_MARIADB if mariadb else MIN_MYSQL
-        if connection.mysql_version[:2] < needed:
+        if mysql.mysql_version[:2] < needed:
             problems.append(
                 f"{where} is {server_version(alias)}; Stalwart needs "
                 f"{'MariaDB 10.6' if mariadb else 'MySQL 8.0'} or newer "
@@ -84,20 +90,9 @@ def database_problems(alias: str) -> list[str]:
     return problems
 
 
-def recurring_problems(backend: Any) -> list[str]:
-    where = f"TASKS[{backend.alias!r}]['OPTIONS']['recurring']"
-    return [
-        f"{where}{problem_entry(problem)}"
-        for entry in backend.config.recurring
-        if (problem := check_entry(entry, backend.alias)) is not None
-    ]
-
-
 def task_module_problems() -> list[str]:
     """Task modules of the project (apps' ``tasks``, recurring, ``task_modules``) that fail
     to import: workers would fail every job of their tasks."""
-    from stalwart import catalog
-
     loaded = catalog.load()
     if loaded is None:
         return []
@@ -105,11 +100,6 @@ def task_module_problems() -> list[str]:
         f"{where}: module {module!r} cannot be imported: {error}"
         for module, (where, error) in loaded.failed.items()
     ]
-
-
-def problem_entry(problem: str) -> str:
-    key, _, reason = problem.partition(": ")
-    return f"[{key!r}]: {reason}"
 
 
 # Warnings of Django's system checks that 'queue check' counts as errors: warnings so that
@@ -121,11 +111,12 @@ def _text(message: checks.CheckMessage) -> str:
     return f"{message.id}: {message.msg}" + (f" ({message.hint})" if message.hint else "")
 
 
-def system_check_messages() -> list[checks.CheckMessage]:
-    """Django's system checks (ours included), run once, silenced ones left out."""
+def system_check_messages(databases: list[str] | None = None) -> list[checks.CheckMessage]:
+    """Django's system checks (ours included), run once, silenced ones left out; with
+    ``databases``, the checks that ask those databases too (Django's ``database`` tag)."""
     return [
         message
-        for message in checks.run_checks(include_deployment_checks=False)
+        for message in checks.run_checks(include_deployment_checks=False, databases=databases)
         if not message.is_silenced()
     ]
 

@@ -64,11 +64,16 @@ class ConfigurationError(ImproperlyConfigured):
 
 
 class TaskNotFound(Exception):
-    """A stored task path that does not resolve to a ``django.tasks`` task object."""
+    """A stored task path that does not resolve to a ``django.tasks`` task object.
 
-    def __init__(self, path: str, reason: str) -> None:
+    ``elsewhere``: another release of the project may have it (the module or the name is
+    missing here, as in a worker still on the old code during a rolling deploy), as opposed
+    to a path that can never be a task (not a dotted path, not a task object)."""
+
+    def __init__(self, path: str, reason: str, *, elsewhere: bool = False) -> None:
         self.path = path
         self.reason = reason
+        self.elsewhere = elsewhere
         super().__init__(f"{path!r} {reason}")
 
 
@@ -85,7 +90,14 @@ class InvalidStoredArguments(Exception):
 
 
 class ProcessDied(Exception):
-    """Recorded as a job's error when the process running it died."""
+    """Recorded as a job's error when the process running it died of something the job may
+    have caused (a crash while it ran alone, memory, a stall of its whole process)."""
+
+
+class JobInterrupted(Exception):
+    """Recorded as a job's error when its attempts were interrupted by the queue or its
+    environment (an outage, a stop, a neighbour's crash) more often than the job's
+    ``max_interruptions`` allows: past that budget, an interruption is charged."""
 
 
 class NotAStalwartBackend(TypeError):

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 
 from stalwart import events
-from stalwart.db import ClaimedJob, Death, NewJob, Outcome, Released, statements_for
+from stalwart.db import ClaimedJob, Death, Interruption, NewJob, Outcome, Released, statements_for
 from stalwart.db.errors import is_lock_wait, is_unique_conflict
 from stalwart.db.retry import retry_transient
 from stalwart.queues import QueuePattern, QueueSelector
@@ -278,19 +278,41 @@ class JobStore:
             self.database, run, what="finish and claim", conflicts=True, lock_waits=False
         )
 
-    def release(self, *, owner: int, jobs: Sequence[tuple[Any, int]]) -> list:
-        """Give back jobs we hold (graceful stop); return the ids released."""
+    def release(
+        self,
+        *,
+        owner: int,
+        jobs: Sequence[Interruption | tuple[Any, int]],
+        cause: str = "given back by its process",
+        process: str = "",
+    ) -> list:
+        """Give back jobs we hold, interrupted (a stop, a claim's lost answer, a lost
+        connection); return the ids released. ``jobs``: interruptions, or (id, attempt) pairs
+        interrupted for ``cause``. ``process``: our name, recorded with each interruption."""
         if not jobs:
             return []
+        given = [
+            job if isinstance(job, Interruption) else Interruption(job[0], job[1], cause)
+            for job in jobs
+        ]
 
         def work(cursor: Any) -> list:
-            released = self.statements.release(cursor, owner=owner, jobs=jobs, notify=self.notify)
+            released = self.statements.release(
+                cursor, owner=owner, jobs=given, notify=self.notify, process=process
+            )
             return [job.id for job in released]
 
         return self._in_transaction("release", work, atomic=True)
 
     def release_owner(
-        self, *, owner: int, error_class: str, error_text: str, death: Death = Death.CRASH
+        self,
+        *,
+        owner: int,
+        error_class: str,
+        error_text: str,
+        death: Death = Death.CRASH,
+        suspects: Sequence[uuid.UUID] | None = None,
+        process: str = "",
     ) -> list[Released]:
         """Take back all jobs of a process that is gone (see ``Statements.release_owner``)."""
 
@@ -303,9 +325,16 @@ class JobStore:
                 error_text=error_text,
                 notify=self.notify,
                 death=death,
+                suspects=suspects,
+                process=process,
             ),
             atomic=True,
         )
+
+    def ping(self) -> None:
+        """Ask the database for nothing: raises if this thread's connection is down."""
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
 
     def owned_running(self, *, owner: int) -> list[tuple[uuid.UUID, int, bool]]:
         """(id, attempt, whether a cancel was requested) of the running jobs that ``owner``

@@ -40,16 +40,20 @@ def resolve_task(path: str) -> Task:
                 path,
                 f"cannot be imported: module {module_name!r} (named by {where}) failed "
                 f"to import: {error}",
+                elsewhere=True,
             )
         raise TaskNotFound(
             path,
             f"is in module {module_name!r}, which is not one of the project's task modules: "
             f"{WHERE_TASKS_LIVE}. Add {module_name!r} to TASKS[...]['OPTIONS']['task_modules'] "
             "if its tasks are meant to run",
+            elsewhere=True,
         )
     candidate = getattr(module, attribute, None)
     if candidate is None:
-        raise TaskNotFound(path, f"does not exist: module {module_name!r} has no {attribute!r}")
+        raise TaskNotFound(
+            path, f"does not exist: module {module_name!r} has no {attribute!r}", elsewhere=True
+        )
     if not isinstance(candidate, Task):
         raise TaskNotFound(
             path, f"is a {type(candidate).__name__}, not a django.tasks task; refusing to run it"

@@ -49,7 +49,7 @@ def make_result(
     worker_ids: list[str],
     return_value: Any = None,
 ) -> TaskResult:
-    result = TaskResult(
+    result: TaskResult = TaskResult(
         task=task,
         id=str(job_id),
         status=status,

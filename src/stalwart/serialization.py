@@ -4,7 +4,8 @@ Arguments are accepted only if what comes back from the database equals what wen
 every supported database: so tuples become lists (as Django's own ``normalize_json`` does),
 and NaN, infinities, non-string keys, NUL characters (PostgreSQL cannot store them) and lone
 surrogates (not encodable as UTF-8) are refused at enqueue with the path of the offending
-value (``InvalidTaskArguments``, a ``TypeError``).
+value (``InvalidTaskArguments``, a ``TypeError``). So are ``bytearray`` and ``memoryview``:
+JSON would store them as lists of numbers.
 
 A return value is stored the way ``json.dumps`` would write it: a key that is an int, a
 float, a bool or None becomes its JSON text (``{1: "a"}`` is stored, and read back, as
@@ -124,6 +125,12 @@ def _normalize(  # noqa: PLR0911, PLR0912 - a branch per type
         return int.__int__(value)
     if isinstance(value, float):
         return _normalize(float.__float__(value), depth, json_keys)
+    if isinstance(value, bytearray | memoryview) and not json_keys:
+        # Sequences of numbers to JSON: an argument b"ab" would come back as [97, 98].
+        raise _Rejected(
+            f"is a {kind.__qualname__}, which would be stored as a list of numbers: pass "
+            "bytes(...) (valid UTF-8, stored as text), or the list itself if that is meant"
+        )
     if isinstance(value, Sequence):
         return _normalize_items(value, depth, json_keys)
     raise _Rejected(
@@ -171,7 +178,7 @@ def normalize_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple
 
 # What an empty list or dict encodes to: no arguments, or no keyword arguments, the most
 # common call of all, without a trip through the encoder.
-_EMPTY = {list: "[]", dict: "{}"}
+_EMPTY: dict[type, str] = {list: "[]", dict: "{}"}
 
 
 def dumps(value: Any) -> str:

@@ -97,6 +97,30 @@ class Status:
                 )
         return found
 
+    def host_problems(self, hostname: str) -> list[str]:
+        """Why a probe of one host's own processes should fail (a container's liveness
+        probe): no live supervisor (or ``queue work``) of that host is registered, or a live
+        process of it has failed to do its work too long. Queues are not judged, and neither
+        are the silent rows of the host: the pruner removes them, ``problems()`` reports
+        them, and a container restarted under the same host name would otherwise fail for
+        the rows of its previous life."""
+        mine = [process for process in self.processes if process.hostname == hostname]
+        found = []
+        if not any(process.alive and process.supervisor is None for process in mine):
+            found.append(f"no live supervisor or worker of host {hostname!r} is registered")
+        for process in mine:
+            where = f"{process.kind} {process.name} (pid {process.pid} on {process.hostname})"
+            if (
+                process.alive
+                and process.failing_for is not None
+                and process.failing_for > self.failing_limit
+            ):
+                found.append(
+                    f"{where} has failed to do its work for {process.failing_for:.0f} s: "
+                    f"{process.error}"
+                )
+        return found
+
 
 def collect_status(config: Options) -> Status:
     database = config.database

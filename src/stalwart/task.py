@@ -11,6 +11,8 @@ and works on both. Unknown options fail at import (``TypeError`` naming the opti
 values fail with ``InvalidTask`` naming the option and the task.
 """
 
+from __future__ import annotations
+
 import hashlib
 import inspect
 import json
@@ -18,7 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, overload
 
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME, Task, task_backends
 from django.tasks.base import DEFAULT_TASK_PRIORITY
@@ -31,6 +33,16 @@ from stalwart.exceptions import (
     TransactionLeftOpen,
 )
 from stalwart.serialization import normalize
+
+if TYPE_CHECKING:
+    from stalwart.context import StalwartTaskContext
+
+    # django-stubs makes Task generic in its parameters and return value; Django's class is
+    # not subscriptable, so the type checker alone sees the parameters.
+    _AnyTask = Task[..., Any]
+else:
+    _AnyTask = Task
+
 
 # Failures a retry cannot cure: the same call would fail the same way again.
 NEVER_RETRIED = (InvalidStoredArguments, InvalidTaskArguments, TaskNotFound, TransactionLeftOpen)
@@ -48,7 +60,7 @@ class Exponential:
         delay = self.base * 2 ** min(max(failures - 1, 0), 64)
         if self.jitter:
             delay *= random.uniform(0.5, 1.5)  # noqa: S311 - spreading retries, not secrecy
-        return min(delay, self.maximum)
+        return float(min(delay, self.maximum))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +78,7 @@ def _is_exception_class(value: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StalwartTask(Task):
+class StalwartTask(_AnyTask):
     """A ``django.tasks.Task`` with Stalwart's options. All default to "off"."""
 
     # Retries: with max_attempts set, exceptions matching retry_on are retried after
@@ -196,7 +208,7 @@ class StalwartTask(Task):
             return float(self.backoff)
         return max(float(self.backoff(failures)), 0.0)
 
-    def concurrency_key_for(self, args: list, kwargs: dict) -> str | None:
+    def concurrency_key_for(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
         """The key whose slots this call's job needs, or None without a limit."""
         if self.concurrency_limit is None:
             return None
@@ -206,7 +218,7 @@ class StalwartTask(Task):
         value = _apply(self.concurrency_key, args, kwargs, self, "concurrency_key")
         return _fit(f"{group}:{value}")
 
-    def unique_key_for(self, args: list, kwargs: dict) -> str | None:
+    def unique_key_for(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
         """The key that makes two calls the same job, or None when not unique."""
         if not self.unique:
             return None
@@ -233,7 +245,7 @@ def _fit(key: str) -> str:
     return f"sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
-def _named_arguments(task: StalwartTask, args: list, kwargs: dict) -> dict[str, Any]:
+def _named_arguments(task: StalwartTask, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The call's arguments by parameter name, defaults included (the context left out)."""
     signature = inspect.signature(task.func)
     leading = [None] if task.takes_context else []
@@ -248,7 +260,9 @@ def _named_arguments(task: StalwartTask, args: list, kwargs: dict) -> dict[str, 
     return named
 
 
-def _apply(spec: Any, args: list, kwargs: dict, task: StalwartTask, option: str) -> str:
+def _apply(
+    spec: Any, args: list[Any], kwargs: dict[str, Any], task: StalwartTask, option: str
+) -> str:
     """Compute a key: a format string sees the arguments by name (and position); a callable
     is called with the call's own arguments."""
     try:
@@ -263,23 +277,68 @@ def _apply(spec: Any, args: list, kwargs: dict, task: StalwartTask, option: str)
     return value
 
 
+@overload
+def task[**P, R](
+    function: Callable[P, R],
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[False] = False,
+    **options: Any,
+) -> Task[P, R]: ...
+@overload
+def task[**P, R](
+    function: Callable[Concatenate[StalwartTaskContext, P], R],
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[True],
+    **options: Any,
+) -> Task[P, R]: ...
+@overload
+def task[**P, R](
+    function: None = None,
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[False] = False,
+    **options: Any,
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+@overload
+def task[**P, R](
+    function: None = None,
+    *,
+    priority: int = ...,
+    queue_name: str = ...,
+    backend: str = ...,
+    takes_context: Literal[True],
+    **options: Any,
+) -> Callable[[Callable[Concatenate[StalwartTaskContext, P], R]], Task[P, R]]: ...
 def task(
-    function: Callable | None = None,
+    function: Callable[..., Any] | None = None,
     *,
     priority: int = DEFAULT_TASK_PRIORITY,
     queue_name: str = DEFAULT_TASK_QUEUE_NAME,
     backend: str = DEFAULT_TASK_BACKEND_ALIAS,
     takes_context: bool = False,
     **options: Any,
-) -> Any:
-    """Like ``django.tasks.task``, with Stalwart's options, on Django 6.0 and 6.1 alike."""
+) -> Task[..., Any] | Callable[[Callable[..., Any]], Task[..., Any]]:
+    """Like ``django.tasks.task``, with Stalwart's options, on Django 6.0 and 6.1 alike.
+
+    With a Stalwart backend, the task is a ``StalwartTask``; ``options`` are its options
+    (``max_attempts``, ``retry_on``, ``backoff``, ``timeout``, ``concurrency_limit``,
+    ``concurrency_key``, ``concurrency_group``, ``concurrency_duration``, ``unique``,
+    ``unique_while_running``)."""
     if "run_after" in options:
         raise TypeError(
             "run_after cannot be defined statically with the @task decorator. "
             "Use .using(run_after=...) to set it dynamically."
         )
 
-    def wrapper(func: Callable) -> Task:
+    def wrapper(func: Callable[..., Any]) -> Task[..., Any]:
         task_class = task_backends[backend].task_class
         return task_class(
             func=func,

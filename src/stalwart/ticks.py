@@ -6,20 +6,20 @@ from a row count and writes nothing.
 """
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, transaction
-from django.tasks import Task, TaskResult, task_backends
-from django.tasks.exceptions import InvalidTask
+from django.tasks import TaskResult, task_backends
 
+from stalwart.binding import bound_task
 from stalwart.db import statements_for
 from stalwart.db.retry import retry_transient
-from stalwart.exceptions import TaskNotFound
 from stalwart.ids import uuid7
 from stalwart.models import RecurringRun
 from stalwart.recurring import RecurringTask
-from stalwart.resolution import resolve_task
-from stalwart.serialization import encode_arguments, normalize_arguments
+
+if TYPE_CHECKING:
+    from stalwart.backend import StalwartBackend
 
 
 def last_runs(database: str) -> dict[str, datetime]:
@@ -45,34 +45,12 @@ def database_now(database: str) -> datetime:
         return statements_for(connection).database_now(cursor)
 
 
-def bound_task(entry: RecurringTask, alias: str) -> Task:
-    """The entry's task as it will be enqueued (raises if it cannot be)."""
-    changes: dict = {"backend": alias}
-    if entry.queue_name is not None:
-        changes["queue_name"] = entry.queue_name
-    if entry.priority is not None:
-        changes["priority"] = entry.priority
-    return resolve_task(entry.task_path).using(**changes)
-
-
-def check_entry(entry: RecurringTask, alias: str) -> str | None:
-    """Why this recurring task cannot be enqueued (task, queue, arguments), or None."""
-    try:
-        task = bound_task(entry, alias)
-        backend = task_backends[alias]
-        backend.validate_task(task)
-        plain_args, plain_kwargs = normalize_arguments(entry.args, entry.kwargs)
-        encode_arguments(plain_args, plain_kwargs, backend.config.max_arguments_size)
-    except (TaskNotFound, InvalidTask) as error:
-        return f"{entry.key}: {error}"
-    return None
-
-
 def enqueue_tick(
     entry: RecurringTask, run_at: datetime, *, alias: str, database: str
 ) -> TaskResult | None:
     """Enqueue ``entry``'s tick at ``run_at`` unless some scheduler already did (None)."""
-    backend = task_backends[alias]
+    # Recurring entries are OPTIONS of a Stalwart backend: alias is one.
+    backend = cast("StalwartBackend", task_backends[alias])
     task = bound_task(entry, alias)
 
     def claim_and_enqueue() -> TaskResult | None:
@@ -84,7 +62,7 @@ def enqueue_tick(
                     cursor, key=entry.key, run_at=run_at, job_id=job_id
                 ):
                     return None
-            result = backend.enqueue_with_id(task, entry.args, entry.kwargs, job_id)
+            result: TaskResult = backend.enqueue_with_id(task, entry.args, entry.kwargs, job_id)
             if result.id != str(job_id):
                 # A unique task whose twin was still waiting: the tick points at the twin.
                 RecurringRun.objects.using(database).filter(key=entry.key, run_at=run_at).update(

@@ -2,9 +2,10 @@
 message that names the fix, at the right moment, and the rest of the site keeps working."""
 
 import json
+import uuid
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 
 from stalwart.models import Job, Process
 from tests.helpers import Child, child_env, wait_for
@@ -52,6 +53,30 @@ def test_without_the_app_in_installed_apps_check_and_enqueue_name_the_fix():
     assert shell.process.returncode == 0, shell.output
     assert "ImproperlyConfigured 'stalwart' is not in INSTALLED_APPS" in shell.output
     assert not Job.objects.exists()
+
+
+@pytest.mark.any_database
+def test_without_the_app_and_without_tasks_imported_at_load_check_cannot_tell():
+    """What Django allows Stalwart to say, pinned so that a change in Django shows here.
+
+    Django registers its task backends' system checks (Stalwart's stalwart.E004 among them)
+    when ``django.tasks`` is first imported, and ``check`` takes its list of checks before it
+    imports the URLconf. A project that imports no task module while its apps load gives
+    Stalwart's code no moment to run: ``check`` passes. The docs say so
+    (docs/tutorial/quickstart.md), and what shows the mistake: ``help`` lists no
+    ``[stalwart]`` section, and ``queue`` is an unknown command."""
+    without_app = {"DJANGO_SETTINGS_MODULE": "tests.settings_without_app"}
+    check = run("check", **without_app)
+    assert check.process.returncode == 0, check.output
+    assert "System check identified no issues" in check.output
+    helped = run("help", **without_app)
+    assert helped.process.returncode == 0, helped.output
+    assert "[stalwart]" not in helped.output
+    queue = run("queue", "status", **without_app)
+    assert queue.process.returncode == 1
+    assert "Unknown command: 'queue'" in queue.output
+    installed = run("help")
+    assert "[stalwart]\n    queue" in installed.output, installed.output
 
 
 def test_a_bad_cron_expression_is_reported_and_stops_only_the_scheduler():
@@ -239,3 +264,29 @@ def test_a_task_path_that_matches_no_job_and_no_task_is_an_error(verb):
     real = run("queue", verb, "--task", "tests.testapp.tasks.add")
     assert real.process.returncode == 0, real.output
     assert " 0 " in real.output
+
+
+def test_a_mysql_collation_that_ignores_case_is_a_warning_naming_the_fix(vendor):
+    """MariaDB's default collation, utf8mb4_general_ci, makes 'Emails' and 'emails' one
+    queue: ``check --database`` (and ``migrate``, and ``queue check``) say so, and how to
+    change it. The test database itself is utf8mb4_bin, and passes."""
+    if vendor != "mysql":
+        pytest.skip("a collation of MySQL and MariaDB")
+    name = f"stalwart_collation_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+    try:
+        loose = run("check", "--database", "default", STALWART_DB_NAME=name)
+        queue_check = run("queue", "check", STALWART_DB_NAME=name)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE {name}")
+    assert loose.process.returncode == 0, loose.output  # a warning stops nothing
+    assert (
+        "(stalwart.W007) DATABASES['default'] compares Stalwart's text columns with the "
+        "collation 'utf8mb4_general_ci', which ignores case or accents"
+    ) in loose.output
+    assert f"HINT: Use utf8mb4_bin: ALTER DATABASE `{name}` CHARACTER SET utf8mb4" in loose.output
+    assert "warning: stalwart.W007: DATABASES['default']" in queue_check.output
+    binary = run("check", "--database", "default")
+    assert "stalwart.W007" not in binary.output, binary.output

@@ -2,6 +2,7 @@
 
 import configparser
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -9,7 +10,11 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.db import connections
@@ -104,58 +109,147 @@ def test_notify_reaches_abstract_sockets_and_is_a_no_op_without_systemd(monkeypa
     assert systemd.notify("READY=1") is False
 
 
-def test_the_procfile_release_and_worker_lines_run(tmp_path: Path):
+def dockerfile() -> dict[str, str]:
+    """example/Dockerfile's instructions, by name (the last of each), continuations joined."""
+    text = (ROOT / "example" / "Dockerfile").read_text().replace("\\\n", " ")
+    instructions = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, rest = line.strip().partition(" ")
+            instructions[name] = " ".join(rest.split())
+    return instructions
+
+
+def health_check(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The Dockerfile's HEALTHCHECK command, run as Docker runs it: in its WORKDIR."""
+    command = json.loads(dockerfile()["HEALTHCHECK"].partition(" CMD ")[2])
+    assert command[0] == "python"
+    return subprocess.run(
+        [sys.executable, *command[1:]],
+        check=False,
+        cwd=ROOT / "example",
+        env=env,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_dockerfile_runs_the_supervisor_of_the_demo_project_with_a_health_check():
+    """No Docker engine runs here (the image is not built by the tests): what can be held
+    to account without one is. Its HEALTHCHECK runs in the Procfile test below."""
+    instructions = dockerfile()
+    assert instructions["FROM"] == "python:3.13-slim"
+    assert json.loads(instructions["CMD"]) == ["python", "manage.py", "queue", "supervise"]
+    assert instructions["WORKDIR"] == "/src/example"  # where manage.py is
+    assert instructions["USER"] == "stalwart"
+    assert instructions["HEALTHCHECK"].startswith("--interval=30s --timeout=20s")
+    assert '"status", "--check", "--this-host"]' in instructions["HEALTHCHECK"]
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "**/*.sqlite3"} <= set(ignored)
+
+
+@contextlib.contextmanager
+def demo_database(vendor: str, tmp_path: Path) -> Iterator[tuple[dict[str, str], Any]]:
+    """The demo project's database for the Procfile's lines: on the PostgreSQL leg a scratch
+    PostgreSQL database named by ``DATABASE_URL`` (as a platform's add-on sets it), else an
+    SQLite file. Yields the environment, and a function that reads a job's status."""
+    if vendor != "postgresql":
+        database = tmp_path / "procfile.sqlite3"
+
+        def sqlite_status(job_id: str) -> str | None:
+            with contextlib.closing(sqlite3.connect(database)) as db:
+                row = db.execute(
+                    "SELECT status FROM stalwart_job WHERE id = ?", [job_id.replace("-", "")]
+                ).fetchone()
+            return row and row[0]
+
+        yield {"STALWART_DEMO_DB": str(database)}, sqlite_status
+        return
+    import psycopg
+
+    settings = connections["default"].settings_dict
+    name = f"stalwart_procfile_{uuid.uuid4().hex[:8]}"
+    server = {
+        "host": settings["HOST"],
+        "port": settings["PORT"],
+        "user": settings["USER"],
+        "password": settings["PASSWORD"],
+    }
+    with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    url = (
+        f"postgresql://{quote(settings['USER'])}:{quote(settings['PASSWORD'])}@"
+        f"{settings['HOST']}:{settings['PORT']}/{name}"
+    )
+
+    def postgresql_status(job_id: str) -> str | None:
+        with psycopg.connect(dbname=name, **server) as db:
+            row = db.execute("SELECT status FROM stalwart_job WHERE id = %s", [job_id]).fetchone()
+        return row and row[0]
+
+    try:
+        yield {"DATABASE_URL": url}, postgresql_status
+    finally:
+        with psycopg.connect(dbname="postgres", autocommit=True, **server) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_the_procfile_release_and_worker_lines_run(tmp_path: Path, vendor: str):
+    """The repository's Procfile runs the demo project: on SQLite (one host only), or on the
+    PostgreSQL that DATABASE_URL names, as on a platform with several dynos."""
     entries = dict(
         line.split(":", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line.strip()
     )
     assert set(entries) == {"release", "worker"}
-    database = tmp_path / "procfile.sqlite3"
-    env = {
-        **os.environ,
-        "STALWART_DEMO_DB": str(database),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    subprocess.run(shlex.split(entries["release"]), cwd=ROOT, env=env, check=True, timeout=120)
-    worker_log = tmp_path / "worker.log"
-    with worker_log.open("w") as log:
-        worker = subprocess.Popen(
-            shlex.split(entries["worker"]),
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        enqueue = subprocess.run(
-            [
-                sys.executable,
-                "example/manage.py",
-                "shell",
-                "-c",
-                "from shop.tasks import resize_image; print(resize_image.enqueue('a.png', 32).id)",
-            ],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=120,
-            capture_output=True,
-            text=True,
-        )
-        job_id = enqueue.stdout.strip().splitlines()[-1].replace("-", "")
-
-        def succeeded() -> bool:
-            with contextlib.closing(sqlite3.connect(database)) as db:
-                row = db.execute(
-                    "SELECT status FROM stalwart_job WHERE id = ?", [job_id]
-                ).fetchone()
-            return row == ("successful",)
-
-        wait_for(succeeded, timeout=60, message="the Procfile worker to run the job")
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=40) == 0, worker_log.read_text()
-    finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+    with demo_database(vendor, tmp_path) as (database_env, job_status):
+        env = {
+            **os.environ,
+            **database_env,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        }
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        subprocess.run(shlex.split(entries["release"]), cwd=ROOT, env=env, check=True, timeout=120)
+        worker_log = tmp_path / "worker.log"
+        with worker_log.open("w") as log:
+            worker = subprocess.Popen(
+                shlex.split(entries["worker"]),
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            enqueue = subprocess.run(
+                [
+                    sys.executable,
+                    "example/manage.py",
+                    "shell",
+                    "-c",
+                    "from shop.tasks import resize_image as t; print(t.enqueue('a.png', 32).id)",
+                ],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                timeout=120,
+                capture_output=True,
+                text=True,
+            )
+            job_id = enqueue.stdout.strip().splitlines()[-1]
+            wait_for(
+                lambda: job_status(job_id) == "successful",
+                timeout=60,
+                message="the Procfile worker to run the job",
+            )
+            # The container's health check (example/Dockerfile), on this host's supervisor.
+            assert health_check(env).returncode == 0
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=40) == 0, worker_log.read_text()
+            unhealthy = health_check(env)
+            assert unhealthy.returncode == 1
+            assert "unhealthy: no live supervisor or worker of host" in unhealthy.stderr
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()

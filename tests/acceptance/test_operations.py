@@ -3,6 +3,7 @@ help and errors for every subcommand, and what the logs say."""
 
 import json
 import signal
+import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -125,6 +126,39 @@ def test_status_check_passes_with_live_workers():
         assert supervisor.wait(timeout=40) == 0
 
 
+def test_status_check_this_host_judges_only_the_hosts_own_processes():
+    """A container's liveness probe: this host's supervisor alive passes, whatever other
+    hosts and the queues look like; the silent rows of an earlier life of the host (a
+    container restarted under its name) do not fail it."""
+    here = socket.gethostname()
+    elsewhere = Registration("default", kind="worker", name="worker-elsewhere-1", supervisor=None)
+    elsewhere.register({"queues": "*", "threads": 1, "busy": 0})
+    earlier = Registration(
+        "default", kind="supervisor", name="supervisor-earlier-1", supervisor=None
+    )
+    earlier.register({})
+    Process.objects.filter(pk__in=[elsewhere.id, earlier.id]).update(
+        last_heartbeat_at=F("last_heartbeat_at") - timedelta(minutes=10)
+    )
+    Process.objects.filter(pk=elsewhere.id).update(hostname="another-host")
+    tasks.add.using(queue_name="orphans").enqueue(1, 2)
+    alone = run("status", "--check", "--this-host")
+    assert alone.process.returncode == 1
+    assert f"unhealthy: no live supervisor or worker of host {here!r} is registered" in (
+        alone.output
+    )
+    with start_supervisor("--processes", "1", "--queues", "default") as supervisor:
+        cluster = run("status", "--check")
+        assert cluster.process.returncode == 1  # the orphans, the silent rows
+        local = run("status", "--check", "--this-host")
+        assert local.process.returncode == 0, local.output
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=40) == 0
+    refused = run("status", "--check", "--this-host", "--max-age", "60")
+    assert refused.process.returncode == 1
+    assert "--max-age judges queues, which --this-host leaves out" in refused.output
+
+
 def test_status_check_flags_a_ready_job_older_than_max_age_unless_its_queue_is_paused():
     # A live worker serves every queue (its row says so), yet one job has waited an hour.
     Registration("default", kind="worker", name="worker-busy-1", supervisor=None).register(
@@ -213,6 +247,23 @@ def test_every_subcommand_has_help(name):
     assert child.process.returncode == 0, child.output
     assert f"queue {name}" in child.output
     assert "--backend" in child.output
+
+
+@pytest.mark.any_database
+@pytest.mark.parametrize(
+    ("name", "everything"),
+    [
+        ("retry", "Every failed job."),
+        ("discard", "Every failed job."),
+        ("run-now", "Every scheduled job."),
+        ("cancel", "Every job not finished: scheduled, blocked, ready and running."),
+    ],
+)
+def test_the_help_of_all_says_what_each_command_selects(name, everything):
+    child = run(name, "--help")
+    assert child.process.returncode == 0, child.output
+    # argparse wraps the help to the terminal's width: compare the words.
+    assert " ".join(everything.split()) in " ".join(child.output.split())
 
 
 REQUIRED = {

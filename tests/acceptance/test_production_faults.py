@@ -151,28 +151,54 @@ def test_a_worker_whose_heartbeat_answers_late_is_gone_before_its_job_is_taken(
 # 4: a stuck main loop is a dead process ------------------------------------------------------
 
 
-def test_a_worker_whose_main_loop_is_stuck_ends_and_is_replaced(reaped, tmp_path):
-    flag = tmp_path / "blocked"
+def test_a_worker_whose_main_loop_is_stuck_ends_and_is_replaced_charging_nobody(reaped, tmp_path):
+    flag = tmp_path / "stuck"
     supervisor = start_supervisor(
-        "--processes", "1", "--threads", "1", children=3, STALWART_FAULT_BLOCKING_LOG=str(flag)
+        "--processes", "1", "--threads", "1", children=3, STALWART_FAULT_STUCK_LOOP=str(flag)
     )
     reaped.append(supervisor)
     stuck = next(pid for name, pid in children_of(supervisor).items() if "worker" in name)
+    first = tasks.record.enqueue(label="stuck", sleep=0.5)
+    wait_for(lambda: running(first.id), message="the job to start")
+    # Its next statement hangs: no heartbeat vouches for its loop any more, and the kernel
+    # ends it before it may be taken for dead.
     flag.write_text(str(stuck))
-    first = tasks.add.enqueue(1, 1)
-    wait_for(lambda: Job.objects.get(pk=first.id).status == "successful", message="the job")
-    # Logging its success blocks its main loop: no heartbeat vouches for it any more.
     wait_for(lambda: gone(stuck), timeout=4 * ALIVE, message="the stuck worker to end")
     flag.unlink()
-    second = tasks.add.enqueue(2, 2)
     wait_for(
-        lambda: Job.objects.get(pk=second.id).status == "successful",
+        lambda: Job.objects.get(pk=first.id).status == "successful",
         timeout=4 * ALIVE,
-        message="the replacement to run a job",
+        message="the replacement to run the job again",
     )
     assert stop(supervisor) == 0, supervisor.output
     assert "action=process_stalled" in supervisor.output
     assert f'pid={stuck} how="was killed by SIGALRM"' in supervisor.output
+    # The stall was the queue's, not the job's: given back free, said why.
+    job = Job.objects.get(pk=first.id)
+    assert (job.errors, job.attempt) == ([], 2)
+    assert "its main loop" in job.interruptions[0]["cause"]
+
+
+def test_a_log_handler_that_blocks_never_stalls_a_worker(reaped, tmp_path):
+    flag = tmp_path / "blocked"
+    supervisor = start_supervisor(
+        "--processes", "1", "--threads", "2", children=3, STALWART_FAULT_BLOCKING_LOG=str(flag)
+    )
+    reaped.append(supervisor)
+    worker = next(pid for name, pid in children_of(supervisor).items() if "worker" in name)
+    flag.write_text(str(worker))  # from now on, its log handler blocks
+    try:
+        results = [tasks.add.enqueue(n, n) for n in range(20)]
+        started = time.monotonic()
+        while time.monotonic() < started + 2 * ALIVE:  # past any deadline it could miss
+            assert not gone(worker), "the worker ended while its log handler was blocked"
+            time.sleep(0.2)  # watching the worker for a stated time, not synchronising
+        for result in results:
+            assert Job.objects.get(pk=result.id).status == "successful"
+    finally:
+        flag.unlink()
+    assert stop(supervisor) == 0, supervisor.output
+    assert not Job.objects.exclude(attempt=1).exists()
 
 
 # 11: a poison job fails alone -----------------------------------------------------------------

@@ -87,3 +87,43 @@ def test_an_edited_task_module_starts_the_command_again_with_the_new_code(tmp_pa
         assert parent.wait(timeout=30) == 0, parent.output
     assert "Traceback" not in parent.output, parent.output
     assert not Process.objects.exists()
+
+
+def test_a_task_module_that_failed_to_import_is_watched_and_its_fix_starts_the_worker_again(
+    tmp_path,
+):
+    module = f"reload_broken_{uuid.uuid4().hex[:8]}"
+    probe = tmp_path / f"{module}.py"
+    probe.write_text("raise RuntimeError('not written yet')\n")
+    env = child_env(
+        PYTHONPATH=os.pathsep.join([str(tmp_path), child_env()["PYTHONPATH"]]),
+        STALWART_TASK_MODULES=json.dumps([module]),
+    )
+    connections.close_all()
+    with Child("queue", "work", "--poll-interval", "0.05", "--reload", env=env) as parent:
+
+        def started() -> set[int]:
+            if parent.process.poll() is not None:
+                raise AssertionError(f"the command ended:\n{parent.output}")
+            return pids("worker")
+
+        first = wait_for(started, timeout=30, message="the worker to start")
+        assert "action=task_module_failed" in parent.output, parent.output
+
+        def fixed_and_noticed() -> bool:
+            # Written again until noticed: the watcher's first look at the file may come
+            # after the first write, which it then takes as the file's first state.
+            write_probe(probe, "fixed")
+            return "action=code_changed" in parent.output
+
+        wait_for(fixed_and_noticed, timeout=30, message="the fix to be noticed")
+        wait_for(
+            lambda: pids("worker") - first,
+            timeout=30,
+            message="the worker to start again once the module is fixed",
+        )
+        assert f"file={probe}" in parent.output
+        assert run_probe(env, module) == "fixed"
+        parent.signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) == 0, parent.output
+    assert not Process.objects.exists()

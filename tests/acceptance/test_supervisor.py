@@ -75,7 +75,9 @@ def test_children_of_a_killed_supervisor_stop_on_their_own(reaped):
     )
     # The dead supervisor's row is left; the next supervisor prunes it.
     assert Process.objects.filter(kind="supervisor").count() == 1
-    successor = start_supervisor("--processes", "1", children=3, STALWART_ALIVE="2")
+    successor = start_supervisor(
+        "--processes", "1", children=3, STALWART_HEARTBEAT="0.25", STALWART_ALIVE="2"
+    )
     reaped.append(successor)
     wait_for(
         lambda: not Process.objects.filter(pid=supervisor.pid).exists(),
@@ -102,7 +104,9 @@ def test_jobs_of_a_whole_dead_process_tree_are_released_by_the_next_supervisors_
     supervisor.wait()
     assert Job.objects.filter(status="running").count() == 4
 
-    successor = start_supervisor("--processes", "2", children=4, STALWART_ALIVE="2")
+    successor = start_supervisor(
+        "--processes", "2", children=4, STALWART_HEARTBEAT="0.25", STALWART_ALIVE="2"
+    )
     reaped.append(successor)
     wait_for(
         lambda: Job.objects.filter(status="successful").count() == len(results),

@@ -5,13 +5,14 @@ start-up and the task catalog import, not what this test process happens to have
 """
 
 import json
+import signal
 
 import pytest
 from django.db import connections
 from django.tasks import TaskResultStatus
 
 from stalwart.models import Job
-from tests.helpers import Child, child_env
+from tests.helpers import Child, child_env, wait_for
 from tests.testapp import outside_tasks, tasks
 from tests.testapp.models import Execution
 
@@ -21,7 +22,9 @@ ZEN = "Beautiful is better than ugly"
 
 
 def drain_in_a_process(**env: str) -> str:
-    """Run ``queue work --stop-when-empty`` to the end; return what it printed."""
+    """Run ``queue work --stop-when-empty`` to the end; return what it printed. A task the
+    worker cannot find fails at once (no grace for another release that might have it)."""
+    env.setdefault("STALWART_TASK_NOT_FOUND_GRACE", "0")
     connections.close_all()
     with Child(
         "queue",
@@ -70,6 +73,34 @@ def test_a_task_outside_the_task_modules_fails_until_its_module_is_listed():
     accepted.refresh()
     assert accepted.status == TaskResultStatus.SUCCESSFUL
     assert Execution.objects.filter(label="outside", job_id=accepted.id).count() == 1
+
+
+def test_a_task_a_worker_lacks_waits_for_a_worker_that_has_it_as_in_a_rolling_deploy():
+    job = outside_tasks.record_outside.enqueue()
+    connections.close_all()
+    # A worker still on the old release (the module is not one of its task modules)...
+    with Child(
+        "queue", "work", "--threads", "1", env=child_env(STALWART_TASK_NOT_FOUND_GRACE="600")
+    ) as old:
+        # ...gives the job back for later, neither failed nor charged, and says so once.
+        wait_for(
+            lambda: "action=task_not_found_deferred" in old.output,
+            timeout=30,
+            message="the old worker to defer the job",
+        )
+        row = Job.objects.get(pk=job.id)
+        assert (row.status, row.errors, row.interruptions) == ("scheduled", [], [])
+        old.signal(signal.SIGTERM)
+        assert old.wait(timeout=60) == 0, old.output
+    assert old.output.count("action=task_not_found_deferred") == 1, old.output
+    assert not Execution.objects.filter(label="outside").exists()
+    # The new release's worker has it, and runs it.
+    drain_in_a_process(STALWART_TASK_MODULES=json.dumps(["tests.testapp.outside_tasks"]))
+    job.refresh()
+    assert job.status == TaskResultStatus.SUCCESSFUL
+    row = Job.objects.get(pk=job.id)
+    assert (row.errors, row.interruptions) == ([], [])
+    assert Execution.objects.filter(label="outside", job_id=job.id).count() == 1
 
 
 def test_queue_check_reports_a_task_module_that_cannot_be_imported():

@@ -190,7 +190,7 @@ def test_a_standalone_worker_prunes_dead_processes_and_runs_their_jobs():
     Process.objects.filter(pk=dead.id).update(
         last_heartbeat_at=F("last_heartbeat_at") - timedelta(seconds=60)
     )
-    with start_worker(STALWART_ALIVE="2") as worker:
+    with start_worker(STALWART_HEARTBEAT="0.25", STALWART_ALIVE="2") as worker:
         wait_for(
             lambda: Job.objects.get(pk=result.id).status == "successful",
             timeout=30,
@@ -207,7 +207,7 @@ def test_invalid_configuration_stops_start_up_naming_the_setting():
         "queue", "supervise", env=child_env(STALWART_HEARTBEAT="10", STALWART_ALIVE="5")
     ) as child:
         assert child.wait(timeout=60) != 0
-    assert "TASKS['default']['OPTIONS']['process_alive_threshold'] (5 s) must be at least" in (
+    assert "TASKS['default']['OPTIONS']['process_alive_threshold'] (5 s) is too short" in (
         child.output
     )
     assert not Process.objects.exists()

@@ -13,6 +13,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.models import F
 
+from stalwart.db import Interruption
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
@@ -45,7 +46,11 @@ class HeldRelease(threading.Thread):
         store = JobStore("default")
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                released = store.statements.release_rows(cursor, owner=31, jobs=self.jobs)
+                released = store.statements.release_rows(
+                    cursor,
+                    owner=31,
+                    jobs=[Interruption(job_id, attempt, "stop") for job_id, attempt in self.jobs],
+                )
                 self.released_rows.set()
                 assert self.go_on.wait(self.PATIENCE), (
                     f"the test never let the release go on ({self.PATIENCE:.0f} s)"

@@ -6,6 +6,8 @@ scenarios that need them, saying which; with ``CI=true`` they fail instead.
 """
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +64,25 @@ def _database_access(django_db_blocker) -> Iterator[None]:
     """The scenarios use databases of their own, not pytest-django's test database."""
     with django_db_blocker.unblock():
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def busy_cpu() -> Iterator[None]:
+    """With ``STALWART_FAULTS_BUSY=1``, a busy loop per core runs beside the scenarios: each
+    must hold on a machine whose every core is taken (``scripts/soak --busy`` does this)."""
+    if os.environ.get("STALWART_FAULTS_BUSY") != "1":
+        yield
+        return
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a core kept busy
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
 
 
 @pytest.fixture(scope="session")

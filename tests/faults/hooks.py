@@ -6,6 +6,11 @@ answer comes late and whose link then goes down); the variables only say where a
 - ``STALWART_FAULT_RAISING_RECEIVER=1``: a ``task_finished`` receiver that raises.
 - ``STALWART_FAULT_BLOCKING_LOG=<file>``: a handler on the ``stalwart`` logger that blocks
   while ``<file>`` holds the pid of the process it runs in (a log pipe nobody reads).
+- ``STALWART_FAULT_SLOW_RECEIVER=<seconds>``: a ``task_finished`` receiver that takes that
+  long (an e-mail sent, a webhook called, from the receiver).
+- ``STALWART_FAULT_STUCK_LOOP=<file>``: in a process whose pid ``<file>`` holds, every
+  statement of its main thread's connection blocks until the file is gone (a call that
+  never returns: a driver or a link that hangs where no deadline reaches).
 - ``STALWART_FAULT_LATE_HEARTBEAT=<file>:<seconds>``: in a process whose pid ``<file>``
   holds, the next heartbeat's answer arrives ``<seconds>`` late, and then the heartbeat's
   link goes down (its socket is cut, reconnections are refused): a slow network, then a
@@ -23,6 +28,8 @@ from typing import Any
 RAISING_RECEIVER = "STALWART_FAULT_RAISING_RECEIVER"
 BLOCKING_LOG = "STALWART_FAULT_BLOCKING_LOG"
 LATE_HEARTBEAT = "STALWART_FAULT_LATE_HEARTBEAT"
+STUCK_LOOP = "STALWART_FAULT_STUCK_LOOP"
+SLOW_RECEIVER = "STALWART_FAULT_SLOW_RECEIVER"
 
 
 def _named_in(flag: Path) -> bool:
@@ -73,12 +80,38 @@ def _late_then_cut_off(spec: str) -> None:
     connection_created.connect(on_connection, weak=False)
 
 
+def _stuck_main_loop(flag: Path) -> None:
+    from django.db.backends.signals import connection_created
+
+    def stuck(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        while _named_in(flag):
+            time.sleep(0.05)  # a call that hangs: until the scenario lets it go
+        return execute(sql, params, many, context)
+
+    def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+        main = threading.current_thread() is threading.main_thread()
+        if main and stuck not in connection.execute_wrappers:
+            connection.execute_wrappers.append(stuck)
+
+    connection_created.connect(on_connection, weak=False)
+
+
+def _slow(sender: object, **kwargs: object) -> None:
+    time.sleep(float(os.environ[SLOW_RECEIVER]))  # the receiver's own slow work
+
+
 def install() -> None:
     if os.environ.get(RAISING_RECEIVER):
         from django.tasks.signals import task_finished
 
         task_finished.connect(_raise, dispatch_uid="stalwart-faults-raising-receiver")
+    if os.environ.get(SLOW_RECEIVER):
+        from django.tasks.signals import task_finished
+
+        task_finished.connect(_slow, dispatch_uid="stalwart-faults-slow-receiver")
     if os.environ.get(BLOCKING_LOG):
         logging.getLogger("stalwart").addHandler(BlockingHandler(Path(os.environ[BLOCKING_LOG])))
+    if os.environ.get(STUCK_LOOP):
+        _stuck_main_loop(Path(os.environ[STUCK_LOOP]))
     if spec := os.environ.get(LATE_HEARTBEAT):
         _late_then_cut_off(spec)

@@ -1,15 +1,21 @@
 """What the scenarios enqueue and watch: ledger jobs, and the state of a process tree."""
 
 import json
+import re
 import time
 
+from django.db.models import Count
+from prometheus_client.parser import text_string_to_metric_families
+
 from stalwart import Call
-from stalwart.models import Job, Process, RecurringRun
+from stalwart.backend import StalwartBackend
+from stalwart.models import Counter, Job, Process, RecurringRun
 from tests.faults.invariants import finished
 from tests.faults.scenario import SCALE, Scenario
 from tests.faults.target import ALIAS, ALIVE
 from tests.helpers import Child
 from tests.testapp import tasks
+from tests.testapp.models import Execution
 
 
 def recurring_runs() -> int:
@@ -84,3 +90,94 @@ def watch_tree(
         f"the supervisor's children changed: {sorted(before)} before, {sorted(after)} after "
         f"(a healthy child must not be stopped or replaced because of the fault)",
     )
+
+
+# -- environment interruptions (test_environment_interruptions.py) ----------------------------
+
+
+def insert_jobs(scenario: Scenario, count: int) -> list[str]:
+    """Enqueue ``count`` jobs that each INSERT one row through the ORM (ledgered)."""
+    assert scenario.target is not None
+    return scenario.target.enqueue_many(tasks.ledger_insert, [Call()] * count)
+
+
+def backend_with(**options: object) -> StalwartBackend:
+    """A backend that enqueues into the scenario's database with these options (say, a
+    ``max_attempts`` of its own for tasks that set none)."""
+    return StalwartBackend("default", {"QUEUES": [], "OPTIONS": {"database": ALIAS, **options}})
+
+
+def jobs_by_id(ids: list[str]) -> dict[str, dict]:
+    """Each job's status, attempt, errors, interruptions and budgets, by id."""
+    columns = ("id", "status", "attempt", "errors", "interruptions", "max_attempts")
+    rows = Job.objects.using(ALIAS).filter(pk__in=ids).values(*columns, "max_interruptions")
+    return {str(row["id"]): row for row in rows}
+
+
+def inserted_rows(ids: list[str]) -> dict[str, int]:
+    """How many rows each job's body has committed (``tasks.ledger_insert``)."""
+    rows = (
+        Execution.objects.using(ALIAS)
+        .filter(job_id__in=ids)
+        .values("job_id")
+        .annotate(rows=Count("id"))
+        .values_list("job_id", "rows")
+    )
+    return dict(rows)
+
+
+# The events at either end of an outage, by loop: a role's main loop, its heartbeat, its
+# LISTEN connection.
+OUTAGE_ENDS = {
+    "database_unavailable": "database_recovered",
+    "heartbeat_failed": "heartbeat_recovered",
+    "listener_failed": "listener_recovered",
+}
+LOG_LINE = re.compile(r"^\S+ \S+ (\d+) \w+ stalwart action=(\w+)")
+
+
+def back_from_outage(child: Child, pid: int) -> bool:
+    """Whether process ``pid`` (its lines in ``child``'s output: the test settings' log lines
+    carry the pid where the event happened) logged an outage, and the end of every outage it
+    logged."""
+    last: dict[str, str] = {}  # the outage event, by loop: the last of its start and end
+    for line in child.output.splitlines():
+        found = LOG_LINE.match(line)
+        if found is None or int(found[1]) != pid:
+            continue
+        action = found[2]
+        for start, end in OUTAGE_ENDS.items():
+            if action in (start, end):
+                last[start] = action
+    return bool(last) and all(action == OUTAGE_ENDS[start] for start, action in last.items())
+
+
+Counters = dict[tuple[str, str, str], float]  # (sample, queue, task) -> value
+
+
+def stored_counters() -> Counters:
+    """The counters in ``stalwart_counter`` now, by name (``failed``), queue and task."""
+    rows = Counter.objects.using(ALIAS).filter(le="")
+    return {
+        (name, queue, task): value
+        for name, queue, task, value in rows.values_list("name", "queue_name", "task_path", "value")
+    }
+
+
+def exposed_counters(scenario: Scenario) -> Counters:
+    """The job counters as ``queue metrics`` prints them (what the metrics view serves), by
+    sample name (``stalwart_jobs_failed_total``), queue and task."""
+    assert scenario.fleet is not None
+    child = scenario.fleet.start("queue", "metrics")
+    code = child.wait(timeout=60)
+    scenario.expect(code == 0, f"queue metrics exited {code}:\n{child.output}")
+    text = "\n".join(
+        line for line in child.output.splitlines() if line.startswith(("# ", "stalwart_"))
+    )
+    found: Counters = {}
+    for family in text_string_to_metric_families(text + "\n"):
+        for sample in family.samples:
+            if sample.name.startswith("stalwart_jobs_") and sample.name.endswith("_total"):
+                labels = sample.labels
+                found[(sample.name, labels.get("queue", ""), labels.get("task", ""))] = sample.value
+    return found

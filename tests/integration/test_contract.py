@@ -3,6 +3,7 @@
 import asyncio
 import logging
 import sys
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -22,7 +23,7 @@ from stalwart.exceptions import (
     NotAStalwartBackend,
 )
 from stalwart.models import Job
-from tests.helpers import Child, drain
+from tests.helpers import Child, drain, wait_for, worker_thread
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -91,6 +92,8 @@ def test_bad_arguments_name_the_value_and_store_nothing():
         tasks.echo.enqueue(float("nan"))
     with pytest.raises(InvalidTaskArguments, match=r"kwargs\['ids'\] has the key 1"):
         tasks.echo.enqueue(ids={1: "one"})
+    with pytest.raises(InvalidTaskArguments, match=r"args\[0\] is a bytearray, which would be"):
+        tasks.echo.enqueue(bytearray(b"ab"))
     assert not Job.objects.exists()
 
 
@@ -323,7 +326,8 @@ def test_a_stored_path_that_is_not_a_task_fails_that_job_only():
     missing = tasks.noop.enqueue()
     Job.objects.filter(pk=missing.id).update(task_path="tests.testapp.tasks.gone")
     fine = tasks.add.enqueue(2, 2)
-    drain(threads=1)
+    # No grace for a task another release might have: these no release has.
+    drain(threads=1, config=replace(task_backends["default"].config, task_not_found_grace=0))
     rows = {str(job.pk): job for job in Job.objects.all()}
     assert rows[not_a_task.id].status == "failed"
     assert (
@@ -332,6 +336,20 @@ def test_a_stored_path_that_is_not_a_task_fails_that_job_only():
     assert rows[missing.id].status == "failed"
     assert rows[missing.id].errors[0]["exception_class_path"] == "stalwart.exceptions.TaskNotFound"
     assert rows[fine.id].status == "successful"
+
+
+def test_a_task_this_worker_lacks_waits_for_another_worker_within_the_grace():
+    missing = tasks.noop.enqueue()
+    Job.objects.filter(pk=missing.id).update(task_path="tests.testapp.tasks.added_later")
+    with worker_thread(threads=1):
+        wait_for(
+            lambda: Job.objects.get(pk=missing.id).status == "scheduled",
+            message="the job to be put back for another worker",
+        )
+    row = Job.objects.get(pk=missing.id)
+    # Neither failed nor charged nor counted as an interruption: its body never began.
+    assert (row.errors, row.interruptions, row.owner) == ([], [], None)
+    assert row.available_at > row.last_attempted_at
 
 
 def test_task_context_reports_the_attempt_and_id():

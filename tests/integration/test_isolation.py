@@ -42,28 +42,40 @@ def errors(job_id) -> int:
 def test_a_death_beside_other_jobs_charges_none_and_isolates_each(store):
     enqueue_many(tasks.add, [Call(n, n) for n in range(3)])
     held = claim(store, 51)
-    released = store.release_owner(owner=51, error_class="x.Died", error_text="SIGKILL")
+    released = store.release_owner(
+        owner=51, error_class="x.Died", error_text="SIGKILL", process="worker-a"
+    )
     assert sorted(job.status for job in released) == ["ready"] * 3
     for job in held:
         row = Job.objects.get(pk=job.id)
         assert (row.status, row.isolated, row.errors) == ("ready", True, [])
+        # Not charged, but recorded: which attempt ended, why, where.
+        (entry,) = row.interruptions
+        assert (entry["attempt"], entry["cause"], entry["process"]) == (1, "SIGKILL", "worker-a")
 
 
 def test_a_death_alone_is_charged_to_that_job(store):
     result = tasks.add.enqueue(1, 1)
     claim(store, 51)
-    store.release_owner(owner=51, error_class="x.Died", error_text="SIGKILL")
+    store.release_owner(owner=51, error_class="x.Died", error_text="SIGKILL", process="worker-a")
     row = Job.objects.get(pk=result.id)
-    assert (row.status, row.isolated) == ("ready", True)
-    assert [error["exception_class_path"] for error in row.errors] == ["x.Died"]
+    assert (row.status, row.isolated, row.interruptions) == ("ready", True, [])
+    (error,) = row.errors
+    assert (error["exception_class_path"], error["traceback"], error["attempt"]) == (
+        "x.Died",
+        "SIGKILL",
+        1,
+    )
+    assert error["process"] == "worker-a"
 
 
 def test_a_process_that_ended_on_its_own_gives_its_jobs_back_uncharged(store):
     enqueue_many(tasks.add, [Call(n, n) for n in range(2)])
     claim(store, 51)
-    store.release_owner(owner=51, error_class="x.Died", error_text="gone", death=Death.NONE)
+    store.release_owner(owner=51, error_class="x.Died", error_text="gone", death=Death.INTERRUPTED)
     rows = Job.objects.all()
     assert {(row.status, row.isolated, len(row.errors)) for row in rows} == {("ready", False, 0)}
+    assert {len(row.interruptions) for row in rows} == {1}
 
 
 def test_an_isolated_job_is_claimed_only_alone_and_never_blocks_the_others(store):
@@ -86,12 +98,35 @@ def test_an_isolated_job_that_finishes_is_no_longer_isolated(store):
     assert Job.objects.get(pk=result.id).isolated is False
 
 
-def test_a_process_that_went_silent_has_each_of_its_jobs_charged(store):
-    enqueue_many(tasks.add, [Call(n, n) for n in range(2)])
+def test_the_named_suspects_of_a_death_are_isolated_and_the_others_interrupted(store):
+    a, b, c = (result.id for result in enqueue_many(tasks.add, [Call(n, n) for n in range(3)]))
     claim(store, 51)
-    store.release_owner(owner=51, error_class="x.Silent", error_text="pruned", death=Death.SILENCE)
-    rows = Job.objects.all()
-    assert {(row.status, row.isolated, len(row.errors)) for row in rows} == {("ready", False, 1)}
+    store.release_owner(
+        owner=51, error_class="x.Died", error_text="memory", death=Death.CRASH, suspects=[a, b]
+    )
+    rows = {str(row.id): row for row in Job.objects.all()}
+    assert [
+        (rows[j].isolated, len(rows[j].errors), len(rows[j].interruptions)) for j in (a, b, c)
+    ] == [
+        (True, 0, 1),
+        (True, 0, 1),
+        (False, 0, 1),
+    ]
+
+
+def test_the_one_named_suspect_of_a_death_is_charged_beside_interrupted_neighbours(store):
+    a, b = (result.id for result in enqueue_many(tasks.add, [Call(n, n) for n in range(2)]))
+    claim(store, 51)
+    store.release_owner(
+        owner=51, error_class="x.Died", error_text="memory", death=Death.CRASH, suspects=[a]
+    )
+    rows = {str(row.id): row for row in Job.objects.all()}
+    assert [
+        (rows[j].isolated, len(rows[j].errors), len(rows[j].interruptions)) for j in (a, b)
+    ] == [
+        (True, 1, 0),
+        (False, 0, 1),
+    ]
 
 
 def test_a_job_charged_for_a_death_goes_behind_the_jobs_that_ran_beside_it(store):

@@ -8,8 +8,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from stalwart.jobs import JobStore
 from stalwart.models import Job
-from tests.helpers import Child, child_env, drain
+from stalwart.queues import QueueSelector
+from tests.helpers import Child, child_env, drain, register_processes
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,7 +63,7 @@ def test_show_prints_every_attempts_traceback_and_the_arguments():
     drain()
     shown = queue("show", result.id)
     assert "status:                failed" in shown
-    assert shown.count("Error ") == 3
+    assert shown.count(": failed: builtins.ConnectionError") == 3
     assert "ConnectionError: never works" in shown
     data = json.loads(queue("show", result.id, "--json"))
     assert [error["attempt"] for error in data["errors"]] == [1, 2, 3]
@@ -69,6 +71,25 @@ def test_show_prints_every_attempts_traceback_and_the_arguments():
     assert data["task_result_status"] == "FAILED"
     assert data["args"] == []
     assert "args" not in json.loads(queue("show", result.id, "--json", "--no-arguments"))
+
+
+def test_show_says_why_each_attempt_ended_interrupted_failed_or_successful():
+    store = JobStore("default")
+    register_processes(71)
+    result = tasks.add.enqueue(1, 2)
+    (job,) = store.claim(owner=71, worker_name="w71", selector=QueueSelector.parse("*"), limit=1)
+    store.release(owner=71, jobs=[(job.id, job.attempt)], cause="its worker stopped", process="w71")
+    drain()
+    shown = queue("show", result.id)
+    assert "Attempt 1 (" in shown
+    assert ", w71): interrupted: its worker stopped" in shown
+    assert ": successful" in shown.split("Attempt 2 (")[1]
+    data = json.loads(queue("show", result.id, "--json"))
+    assert [(a["attempt"], a["ended"]) for a in data["attempts"]] == [
+        (1, "interrupted"),
+        (2, "successful"),
+    ]
+    assert (data["interruptions"], data["errors"]) == (1, [])
 
 
 def test_show_refuses_a_missing_job_and_what_is_not_an_id():

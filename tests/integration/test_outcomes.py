@@ -10,7 +10,7 @@ from django.db import OperationalError, connection, connections
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished
 
-from stalwart.db import Outcome
+from stalwart.db import Interruption, Outcome
 from stalwart.db.deadline import cut
 from stalwart.jobs import JobStore
 from stalwart.models import Job, Process
@@ -147,6 +147,34 @@ def test_an_outcome_whose_commit_answer_was_lost_is_reported_not_discarded(
     assert "job_result_discarded" not in actions
     assert "job_succeeded" in actions
     assert finished_signals == [result.id]
+
+
+def test_a_job_given_back_and_claimed_again_in_one_flush_is_held_as_its_new_attempt():
+    """A job whose connection died with the database's is given back, ready at once; the
+    same flush's claim may take it again. The worker must hold the new attempt, not forget
+    it with the old one (else it gives it back as a claim whose answer was lost, and the job
+    runs twice)."""
+    result, job = claimed_job()
+    worker = make_worker(threads=1)
+    worker.registration.id = 41  # the row claimed_job() registered
+    worker.outcomes.outage_seen = lambda item: True  # the worker saw its own link go down
+    worker.held[job.id] = job
+    cut_short = Finished(
+        job=job,
+        outcome=Outcome(id=job.id, attempt=job.attempt, status="failed", errors="[]"),
+        result=None,
+        duration=0.0,
+        interruption=Interruption(job.id, job.attempt, "its database connection was lost"),
+    )
+    try:
+        claimed = worker.flush(claim=1, extra=[cut_short])
+        assert [(again.id, again.attempt) for again in claimed] == [(job.id, 2)]
+        assert worker.held[job.id].attempt == 2  # held as what now runs
+        row = Job.objects.get(pk=result.id)
+        assert (row.status, row.attempt, row.errors) == ("running", 2, [])
+        assert [entry["attempt"] for entry in row.interruptions] == [1]
+    finally:
+        worker.pool.stop(wait=True)
 
 
 @pytest.mark.skipif(PGBOUNCER, reason=WITHOUT_TIMEOUTS)

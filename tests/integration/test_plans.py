@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from stalwart import ticks
-from stalwart.db import Outcome, statements_for
+from stalwart.db import Interruption, Outcome, statements_for
 from stalwart.models import Job, Process
 from stalwart.queues import QueuePattern
 
@@ -234,7 +234,7 @@ def test_finish_promote_and_release_read_their_own_indexes(big_table):
     _, found = plans(lambda c: statements.promote_due(c, limit=500, notify=False))
     assert "stalwart_job_due" in indexes(found[0])
     assert not any(node["Node Type"] == "Seq Scan" for node in job_scans(found[0]))
-    held = [(outcome.id, outcome.attempt) for outcome in outcomes]
+    held = [Interruption(outcome.id, outcome.attempt, "stop") for outcome in outcomes]
     _, found = plans(lambda c: statements.release(c, owner=big_table, jobs=held, notify=False))
     for plan in found:
         assert_flat(plan)

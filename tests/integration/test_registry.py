@@ -77,6 +77,44 @@ def test_prune_removes_only_silent_processes_and_releases_their_jobs():
     assert "sent no heartbeat for over 60 s" in job.errors[-1]["traceback"]
 
 
+def test_a_process_whose_whole_tree_fell_silent_is_pruned_as_an_interruption():
+    # A host lost or cut off: its supervisor went silent with its worker. Nothing its job
+    # did: the job runs again, uncharged, not isolated.
+    supervisor = register("supervisor")
+    worker = register("worker", supervisor=supervisor.id)
+    job = hold_a_job(owner=worker.id)
+    age(supervisor, 120)
+    age(worker, 120)
+    prune_dead_processes("default", threshold=60, exclude=None)
+    job.refresh_from_db()
+    assert (job.status, job.errors, job.isolated) == ("ready", [], False)
+    assert "whole process tree fell silent" in job.interruptions[0]["cause"]
+
+
+def test_a_worker_that_fell_silent_alone_is_pruned_as_a_crash_of_its_jobs():
+    # Its supervisor still beats (or it has none): whatever silenced it may be its job.
+    supervisor = register("supervisor")
+    worker = register("worker", supervisor=supervisor.id)
+    job = hold_a_job(owner=worker.id)
+    age(worker, 120)
+    prune_dead_processes("default", threshold=60, exclude=None)
+    job.refresh_from_db()
+    assert (job.status, job.isolated, len(job.errors)) == ("ready", True, 1)
+
+
+def test_a_silent_process_that_gave_its_verdict_is_pruned_by_it():
+    worker = register("worker")
+    job = hold_a_job(owner=worker.id)
+    Process.objects.filter(pk=worker.id).update(
+        metadata={"verdict": {"death": "interrupted", "cause": "its heartbeats failed for 9 s"}}
+    )
+    age(worker, 120)
+    prune_dead_processes("default", threshold=60, exclude=None)
+    job.refresh_from_db()
+    assert (job.status, job.errors, job.isolated) == ("ready", [], False)
+    assert "its heartbeats failed for 9 s" in job.interruptions[0]["cause"]
+
+
 def test_prune_never_removes_the_process_doing_it():
     me = register("supervisor")
     age(me, 600)

@@ -318,6 +318,70 @@ def ledger_enqueue_at(context: TaskContext, at: str, count: int) -> list[str]:
 
 
 @task
+def connection_identity() -> int:
+    """Which database session this job's thread used: the server's id for it, or (SQLite) a
+    number kept in a temporary table, which lives as long as its connection."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+        elif connection.vendor == "mysql":
+            cursor.execute("SELECT CONNECTION_ID()")
+        else:
+            cursor.execute("CREATE TEMP TABLE IF NOT EXISTS session_mark (mark INTEGER)")
+            cursor.execute(
+                "INSERT INTO session_mark SELECT abs(random()) "
+                "WHERE NOT EXISTS (SELECT 1 FROM session_mark)"
+            )
+            cursor.execute("SELECT mark FROM session_mark")
+        return cursor.fetchone()[0]
+
+
+def _hold_the_gil(seconds: float) -> None:
+    """As a C extension that never releases the GIL would: no other thread of this process
+    runs Python meanwhile (the heartbeat's included)."""
+    import ctypes
+
+    libc = ctypes.PyDLL(None)  # PyDLL keeps the GIL across the call
+    whole = int(seconds)
+    if whole:
+        libc.sleep(whole)
+    libc.usleep(int((seconds - whole) * 1_000_000))
+
+
+@task(takes_context=True)
+def ledger_holding_the_gil(context: TaskContext, seconds: float, then: float = 0.0) -> int:
+    """Recorded in the ledger: holds the GIL ``seconds``, then runs ``then`` more."""
+    from tests.faults import ledger as book
+
+    book.append("start", context.task_result.id, context.attempt, book.now())
+    _hold_the_gil(seconds)
+    return _ledgered_rest(context, then)
+
+
+def _ledgered_rest(context: TaskContext, seconds: float) -> int:
+    """The rest of a ledger run begun with its own start line."""
+    from tests.faults import ledger as book
+
+    job, attempt = context.task_result.id, context.attempt
+    deadline = book.now() + seconds
+    while (left := deadline - book.now()) > 0:
+        time.sleep(min(left, book.TICK))
+        book.append("tick", job, attempt, book.now())
+    book.append("end", job, attempt, book.now())
+    return os.getpid()
+
+
+@task(takes_context=True)
+def ledger_hog(context: TaskContext, megabytes: int, seconds: float) -> int:
+    """Recorded in the ledger: keeps ``megabytes`` of memory, then runs ``seconds``."""
+    from tests.faults import ledger as book
+
+    book.append("start", context.task_result.id, context.attempt, book.now())
+    _hoard.append(bytearray(os.urandom(1024)) * (megabytes * 1024))
+    return _ledgered_rest(context, seconds)
+
+
+@task
 def exit_at_once() -> None:
     """A poison job: ends its process with ``os._exit(3)``, no clean-up at all."""
     os._exit(3)
@@ -403,3 +467,20 @@ def fails_once_then_waits(context: TaskContext) -> int:
     if context.attempt == 1:
         raise ConnectionError("first attempt failed")
     return context.attempt
+
+
+@task(takes_context=True)
+def ledger_insert(context: TaskContext) -> int:
+    """One INSERT through the ORM (an ``Execution`` row, in autocommit), recorded in the
+    fault suite's ledger once it is committed: a run the database cut short left nothing, in
+    the table or in the ledger. Returns its pid."""
+    from tests.faults import ledger as book
+
+    job, attempt = context.task_result.id, context.attempt
+    started = book.now()
+    Execution.objects.create(
+        job_id=job, label="insert", attempt=attempt, pid=os.getpid(), started_at=timezone.now()
+    )
+    book.append("start", job, attempt, started)
+    book.append("end", job, attempt, book.now())
+    return os.getpid()

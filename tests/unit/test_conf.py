@@ -76,7 +76,15 @@ def test_command_line_overrides_replace_only_what_is_given():
         ({"heartbeat_interval": -1}, "['heartbeat_interval'] must be between"),
         (
             {"heartbeat_interval": 10, "process_alive_threshold": 25},
-            "['process_alive_threshold'] (25 s) must be at least three times",
+            "['process_alive_threshold'] (25 s) is too short for heartbeat_interval 10 s",
+        ),
+        (
+            # A heartbeat that takes 1.5 s, and one failed, and the kernel would end it.
+            {"heartbeat_interval": 2, "process_alive_threshold": 6, "statement_timeout": 1.5},
+            (
+                "Safe values: process_alive_threshold 6.5 s or more; or statement_timeout 1 s "
+                "or less; or heartbeat_interval 1.8 s or less."
+            ),
         ),
         ({"max_arguments_size": True}, "['max_arguments_size'] must be a whole number"),
         ({"listen_notify": "yes"}, "['listen_notify'] must be True or False"),

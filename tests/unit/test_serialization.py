@@ -58,6 +58,17 @@ def test_utf8_bytes_become_text_like_django_normalize_json():
     assert normalize(b"caf\xc3\xa9", "args") == "café"
 
 
+@pytest.mark.parametrize("value", [bytearray(b"ab"), memoryview(b"ab")])
+def test_binary_buffers_are_refused_rather_than_stored_as_lists_of_numbers(value):
+    with pytest.raises(InvalidTaskArguments) as caught:
+        normalize_arguments([value], {})
+    kind = type(value).__name__
+    assert str(caught.value) == (
+        f"args[0] is a {kind}, which would be stored as a list of numbers: pass bytes(...) "
+        "(valid UTF-8, stored as text), or the list itself if that is meant"
+    )
+
+
 @pytest.mark.parametrize(
     ("kwargs", "path", "problem"),
     [

@@ -15,6 +15,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 
+from stalwart.aliases import BACKEND_PATH, is_stalwart
+
 # Django's own flags, accepted after the subcommand too (``queue work -v 2``).
 _DJANGO_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("-v", "--verbosity"), {"type": int, "choices": [0, 1, 2, 3]}),
@@ -93,23 +95,23 @@ def run(command: Any, options: dict[str, Any]) -> int:
 
 def _database_of(options: dict[str, Any]) -> str:
     """The database alias of the backend a subcommand was given (``default`` if unknown)."""
+    from stalwart.backend import StalwartBackend
+
     try:
-        return task_backends[options.get("backend") or DEFAULT_TASK_BACKEND_ALIAS].config.database
+        backend = task_backends[options.get("backend") or DEFAULT_TASK_BACKEND_ALIAS]
     except Exception:  # noqa: BLE001 - the error being explained matters more
         return "default"
+    return backend.config.database if isinstance(backend, StalwartBackend) else "default"
 
 
 def get_backend(alias: str) -> Any:
-    from stalwart.backend import StalwartBackend
-
     try:
         backend = task_backends[alias]
     except Exception as error:  # noqa: BLE001 - InvalidTaskBackend, ConfigurationError, ...
         raise CommandError(f"TASKS[{alias!r}] cannot be loaded: {error}") from None
-    if not isinstance(backend, StalwartBackend):
+    if not is_stalwart(backend):
         raise CommandError(
-            f"TASKS[{alias!r}] uses {type(backend).__qualname__}, not "
-            "stalwart.backend.StalwartBackend."
+            f"TASKS[{alias!r}] uses {type(backend).__qualname__}, not {BACKEND_PATH}."
         )
     return backend
 

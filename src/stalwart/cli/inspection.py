@@ -1,8 +1,10 @@
 """Looking at the queue: ``check``, ``status``, ``processes``, ``recurring``, ``metrics``."""
 
 import argparse
+import socket
 from typing import Any
 
+from django.core.management.base import CommandError
 from django.db import DatabaseError
 
 from stalwart.cli import format_table, get_backend, subcommand
@@ -27,7 +29,7 @@ def check(command: Any, options: dict[str, Any]) -> int:
 
     backend = get_backend(options["backend"])
     try:
-        messages = diagnostics.system_check_messages()
+        messages = diagnostics.system_check_messages([backend.config.database])
     except DatabaseError as error:
         # MySQL's own checks ask the server for its version: one out of reach is the problem.
         command.stderr.write(f"error: {explain(error, backend.config.database)}")
@@ -66,6 +68,13 @@ def _status_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="With --check: the longest a ready job may wait (default: no limit).",
     )
+    parser.add_argument(
+        "--this-host",
+        action="store_true",
+        help="With --check: judge only this host's own processes (a container's liveness "
+        "probe): fail if none of its supervisors or workers is alive, or a live one cannot "
+        "do its work. Queues and other hosts are not judged.",
+    )
 
 
 def _megabytes(value: int | None) -> str:
@@ -103,8 +112,13 @@ def status(command: Any, options: dict[str, Any]) -> int:
     from stalwart.status import collect_status
 
     backend = get_backend(options["backend"])
+    if options.get("this_host") and options.get("max_age") is not None:
+        raise CommandError("--max-age judges queues, which --this-host leaves out: give one.")
     current = collect_status(backend.config)
-    problems = current.problems(max_ready_age=options.get("max_age"))
+    if options.get("this_host"):
+        problems = current.host_problems(socket.gethostname())
+    else:
+        problems = current.problems(max_ready_age=options.get("max_age"))
     if options.get("json"):
         data = current.as_dict()
         data["problems"] = problems
@@ -309,8 +323,6 @@ def recurring(command: Any, options: dict[str, Any]) -> int:
     _no_arguments,
 )
 def metrics(command: Any, options: dict[str, Any]) -> int:
-    from django.core.management.base import CommandError
-
     backend = get_backend(options["backend"])
     try:
         from stalwart.metrics.collector import exposition

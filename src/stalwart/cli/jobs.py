@@ -78,7 +78,14 @@ def _when(job: Any) -> datetime | None:
     _jobs_arguments,
 )
 def jobs(command: Any, options: dict[str, Any]) -> int:
-    from stalwart.browsing import InvalidCursor, JobFilter, count_jobs, list_jobs
+    from stalwart.browsing import (
+        BRIEF_FIELDS,
+        LIST_FIELDS,
+        InvalidCursor,
+        JobFilter,
+        count_jobs,
+        list_jobs,
+    )
 
     backend = get_backend(options["backend"])
     database = backend.config.database
@@ -91,7 +98,13 @@ def jobs(command: Any, options: dict[str, Any]) -> int:
         until=options.get("until"),
     )
     try:
-        page = list_jobs(database, where, limit=options["limit"], after=options.get("after"))
+        page = list_jobs(
+            database,
+            where,
+            limit=options["limit"],
+            after=options.get("after"),
+            fields=BRIEF_FIELDS if options.get("json") else LIST_FIELDS,
+        )
     except InvalidCursor as error:
         raise CommandError(str(error)) from None
     count = count_jobs(database, where)
@@ -103,10 +116,8 @@ def jobs(command: Any, options: dict[str, Any]) -> int:
             "count_capped": count.capped,
             "count_estimate": count.estimate,
             "next": page.next,
-            "jobs": [as_dict(job, with_arguments=False) for job in page.rows],
+            "jobs": [as_dict(job, with_arguments=False, brief=True) for job in page.rows],
         }
-        for row in data["jobs"]:
-            del row["errors"], row["return_value"], row["worker_ids"]
         command.stdout.write(json.dumps(data, indent=2))
         return 0
     if not page.rows:
@@ -155,7 +166,7 @@ def _show_arguments(parser: argparse.ArgumentParser) -> None:
     _show_arguments,
 )
 def show(command: Any, options: dict[str, Any]) -> int:
-    from stalwart.browsing import as_dict, find_job
+    from stalwart.browsing import as_dict, find_job, history
 
     backend = get_backend(options["backend"])
     job = find_job(backend.config.database, options["job_id"])
@@ -168,7 +179,7 @@ def show(command: Any, options: dict[str, Any]) -> int:
     if options.get("json"):
         command.stdout.write(json.dumps(data, indent=2))
         return 0
-    errors = data.pop("errors")
+    data.pop("errors")
     for key in (
         "id",
         "status",
@@ -185,6 +196,8 @@ def show(command: Any, options: dict[str, Any]) -> int:
         "finished_at",
         "attempt",
         "max_attempts",
+        "interruptions",
+        "max_interruptions",
         "worker_ids",
         "owner",
         "concurrency_key",
@@ -205,9 +218,17 @@ def show(command: Any, options: dict[str, Any]) -> int:
             continue
         text = json.dumps(value) if isinstance(value, list | dict) else value
         command.stdout.write(f"{key + ':':22} {'-' if text is None else text}")
-    if not errors:
-        command.stdout.write("\nNo errors.")
-    for error in errors:
-        command.stdout.write(f"\nError {error['attempt']}: {error['exception_class_path']}")
-        command.stdout.write(error["traceback"].rstrip())
+    ended = history(job)
+    if not ended:
+        command.stdout.write("\nNo attempt yet.")
+    for attempt in ended:
+        where = ", ".join(part for part in (attempt.at, attempt.process) if part)
+        heading = f"\nAttempt {attempt.number}{f' ({where})' if where else ''}: {attempt.ended}"
+        if attempt.ended == "failed":
+            command.stdout.write(f"{heading}: {attempt.exception_class_path}")
+            command.stdout.write(attempt.traceback.rstrip())
+        elif attempt.cause:
+            command.stdout.write(f"{heading}: {attempt.cause}")
+        else:
+            command.stdout.write(heading)
     return 0

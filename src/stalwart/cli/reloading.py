@@ -87,7 +87,7 @@ class CodeWatcher:
             with contextlib.suppress(ImportError, ValueError, AttributeError):
                 spec = importlib.util.find_spec(module)
                 if spec is not None and spec.origin:
-                    self.reloader.watch_file(Path(spec.origin))
+                    self.reloader.extra_files.add(Path(spec.origin))
         file_changed.connect(self._file_changed, dispatch_uid="stalwart.reloading")
         self._thread.start()
         return self

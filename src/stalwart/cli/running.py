@@ -57,7 +57,7 @@ def _work_arguments(parser: argparse.ArgumentParser) -> None:
         "--shutdown-timeout",
         type=seconds,
         help="Seconds running jobs get to finish after TERM/INT before they are released "
-        "(default: OPTIONS['shutdown_timeout'], else 30).",
+        "(default: OPTIONS['shutdown_timeout'], else 20).",
     )
     _recycling_arguments(parser)
     parser.add_argument(
@@ -156,7 +156,14 @@ def _supervise_arguments(parser: argparse.ArgumentParser) -> None:
         "--shutdown-timeout",
         type=seconds,
         help="Seconds running jobs get to finish after TERM/INT before they are released "
-        "(default: OPTIONS['shutdown_timeout'], else 30).",
+        "(default: OPTIONS['shutdown_timeout'], else 20).",
+    )
+    parser.add_argument(
+        "--parent-pid",
+        type=whole(1, 2**22),  # Linux's largest pid_max
+        metavar="PID",
+        help="Stop as for TERM once process PID, which started this one, is gone (for a "
+        "supervisor that a web server starts: stalwart.embedded).",
     )
     _reload_argument(parser)
 
@@ -180,60 +187,56 @@ def _recycling_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_slots(config: Any) -> list:
+def build_slots(config: Any) -> list[Any]:
     """The children a supervisor with this configuration forks."""
+    from functools import partial
+
     from stalwart.processes.dispatcher import Dispatcher
     from stalwart.processes.scheduler import Scheduler
     from stalwart.processes.supervisor import ChildSlot
     from stalwart.processes.worker import Worker
 
-    slots = []
+    # Each slot makes its child's role from the supervisor's id and pid.
+    def worker(options: Any, promote: bool, supervisor: int, parent: int) -> Worker:
+        return Worker(
+            config=config,
+            worker=options,
+            supervisor=supervisor,
+            parent_pid=parent,
+            promote_scheduled=promote,
+            owns_process=True,
+        )
+
+    def dispatcher(options: Any, supervisor: int, parent: int) -> Dispatcher:
+        return Dispatcher(
+            config=config,
+            dispatcher=options,
+            supervisor=supervisor,
+            parent_pid=parent,
+            owns_process=True,
+        )
+
+    def scheduler(supervisor: int, parent: int) -> Scheduler:
+        return Scheduler(
+            config=config,
+            scheduler=config.scheduler,
+            supervisor=supervisor,
+            parent_pid=parent,
+            owns_process=True,
+        )
+
+    slots: list[ChildSlot] = []
     # Without a dispatcher, workers make due jobs ready themselves.
     workers_promote = not config.dispatchers
     for worker_options in config.workers:
         for _ in range(worker_options.processes):
             slots.append(
-                ChildSlot(
-                    "worker",
-                    len(slots),
-                    lambda supervisor, parent, w=worker_options: Worker(
-                        config=config,
-                        worker=w,
-                        supervisor=supervisor,
-                        parent_pid=parent,
-                        promote_scheduled=workers_promote,
-                        owns_process=True,
-                    ),
-                )
+                ChildSlot("worker", len(slots), partial(worker, worker_options, workers_promote))
             )
     for dispatcher_options in config.dispatchers:
-        slots.append(
-            ChildSlot(
-                "dispatcher",
-                len(slots),
-                lambda supervisor, parent, d=dispatcher_options: Dispatcher(
-                    config=config,
-                    dispatcher=d,
-                    supervisor=supervisor,
-                    parent_pid=parent,
-                    owns_process=True,
-                ),
-            )
-        )
+        slots.append(ChildSlot("dispatcher", len(slots), partial(dispatcher, dispatcher_options)))
     if config.scheduler is not None:
-        slots.append(
-            ChildSlot(
-                "scheduler",
-                len(slots),
-                lambda supervisor, parent: Scheduler(
-                    config=config,
-                    scheduler=config.scheduler,
-                    supervisor=supervisor,
-                    parent_pid=parent,
-                    owns_process=True,
-                ),
-            )
-        )
+        slots.append(ChildSlot("scheduler", len(slots), scheduler))
     return slots
 
 
@@ -277,11 +280,9 @@ def supervise(command: Any, options: dict[str, Any]) -> int:
         return reloading.run_parent()
     configure_logging(options.get("verbosity", 1))
     watching = options.get("reload") and reloading.in_child()
+    parent = os.getppid() if watching else options.get("parent_pid")
     supervisor = Supervisor(
-        config=config,
-        slots=build_slots(config),
-        owns_process=True,
-        parent_pid=os.getppid() if watching else None,
+        config=config, slots=build_slots(config), owns_process=True, parent_pid=parent
     )
     watcher = (
         reloading.CodeWatcher(supervisor.request_stop, supervisor.name).start()

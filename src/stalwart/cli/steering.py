@@ -2,6 +2,7 @@
 ``prune``."""
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -53,13 +54,22 @@ def resume(command: Any, options: dict[str, Any]) -> int:
 # -- failed and scheduled jobs: retry, discard, run-now --------------------------------------
 
 
-def _selection_arguments(parser: argparse.ArgumentParser) -> None:
+def _selection_arguments(everything: str) -> Callable[[argparse.ArgumentParser], None]:
+    """The arguments that select jobs; ``everything`` says what ``--all`` selects."""
+
+    def add(parser: argparse.ArgumentParser) -> None:
+        _add_selection_arguments(parser, everything)
+
+    return add
+
+
+def _add_selection_arguments(parser: argparse.ArgumentParser, everything: str) -> None:
     parser.add_argument(
         "ids", metavar="JOB_ID", nargs="*", type=job_id, help="Jobs by id (the TaskResult id)."
     )
     parser.add_argument("--task", metavar="PATH", help="Jobs of this task (dotted path).")
     parser.add_argument("--queue", metavar="QUEUE", type=queue_name, help="Jobs of this queue.")
-    parser.add_argument("--all", action="store_true", help="Every job in that state.")
+    parser.add_argument("--all", action="store_true", help=everything)
     parser.add_argument(
         "--dry-run", action="store_true", help="Count what would be done; change nothing."
     )
@@ -143,19 +153,23 @@ def _refuse_unknown_task(path: str) -> None:
 
 
 @subcommand(
-    "retry", "Give failed jobs another attempt (their errors are kept).", _selection_arguments
+    "retry",
+    "Give failed jobs another attempt (their errors are kept).",
+    _selection_arguments("Every failed job."),
 )
 def retry(command: Any, options: dict[str, Any]) -> int:
     return _bulk(command, options, "retry", "failed")
 
 
-@subcommand("discard", "Delete failed jobs.", _selection_arguments)
+@subcommand("discard", "Delete failed jobs.", _selection_arguments("Every failed job."))
 def discard(command: Any, options: dict[str, Any]) -> int:
     return _bulk(command, options, "discard", "failed")
 
 
 @subcommand(
-    "run-now", "Make scheduled jobs claimable now instead of at their time.", _selection_arguments
+    "run-now",
+    "Make scheduled jobs claimable now instead of at their time.",
+    _selection_arguments("Every scheduled job."),
 )
 def run_now(command: Any, options: dict[str, Any]) -> int:
     return _bulk(command, options, "run now", "scheduled")
@@ -168,7 +182,7 @@ def run_now(command: Any, options: dict[str, Any]) -> int:
     "cancel",
     "Cancel waiting jobs (scheduled, blocked, ready) at once, and ask running ones to stop "
     "(their task sees it in its context; nothing is killed). Finished jobs are left alone.",
-    _selection_arguments,
+    _selection_arguments("Every job not finished: scheduled, blocked, ready and running."),
 )
 def cancel(command: Any, options: dict[str, Any]) -> int:
     from stalwart import control

@@ -9,11 +9,20 @@ import functools
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from stalwart.db.rows import ClaimedJob, Death, NewJob, Outcome, Released
+from stalwart.db.rows import ClaimedJob, Death, Interruption, NewJob, Outcome, Released
 from stalwart.db.statements import Statements
 from stalwart.exceptions import ConfigurationError
 
-__all__ = ["ClaimedJob", "Death", "NewJob", "Outcome", "Released", "Statements", "statements_for"]
+__all__ = [
+    "ClaimedJob",
+    "Death",
+    "Interruption",
+    "NewJob",
+    "Outcome",
+    "Released",
+    "Statements",
+    "statements_for",
+]
 
 
 @functools.cache

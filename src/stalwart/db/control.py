@@ -42,7 +42,8 @@ class Control(Dialect):
     ) -> tuple[str, list]:
         """Extra conditions (each starting with AND) choosing jobs by id, task, queue,
         priority, a time range on one of the jobs' times, and state."""
-        sql, params = [], []
+        sql: list[str] = []
+        params: list[Any] = []
         if state is not None:
             sql.append("AND status = %s")
             params.append(state)

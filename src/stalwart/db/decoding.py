@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import JSONField
+from django.db.models import Field, JSONField
 
 from stalwart.models import Job
 
@@ -70,7 +70,10 @@ def _plan(connection: BaseDatabaseWrapper, names: Sequence[str]) -> list[tuple[i
         table = Job._meta.db_table
         plan = []
         for position, name in enumerate(names):
-            column = Job._meta.get_field(name).get_col(table)
+            field = Job._meta.get_field(name)
+            if not isinstance(field, Field):  # a relation's other side: not a column
+                raise ValueError(f"{name!r} is not a column of {table}.")
+            column = field.get_col(table)
             converters = connection.ops.get_db_converters(column) + column.get_db_converters(
                 connection
             )

@@ -84,6 +84,20 @@ class Dialect:
         """SQL for the length of the JSON array in ``column`` (a job's failed attempts)."""
         raise NotImplementedError
 
+    # Helpers for steps of several statements (MySQL's concerns write most of theirs so).
+
+    def _atomic(self) -> Any:
+        """One transaction for a step of several statements (joins the caller's, if any)."""
+        return transaction.atomic(using=self.connection.alias, savepoint=False)
+
+    def _ids(self, rows: Sequence) -> list:
+        """The job ids in the first column of ``rows``, as parameters."""
+        return [self.uuid_param(self._uuid(row[0])) for row in rows]
+
+    def _uuid(self, value: Any) -> uuid.UUID:
+        """A job id read from a cursor (a UUID, or its text where the driver gives text)."""
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
 
 class PostgreSQLDialect(Dialect):
     """The database's clock (``now()``) in every statement; locks that give up early."""
@@ -123,15 +137,14 @@ MYSQL_NOW = "UTC_TIMESTAMP(6)"
 # The error a unique index raises on a duplicate: an answer (a twin, a lease taken), not a
 # failure, where it is caught inside a savepoint.
 MYSQL_DUPLICATE_KEY = 1062
+# The session's innodb_lock_wait_timeout while a brief one is in force, kept on Django's
+# connection object (an attribute of Stalwart's own on it).
+_SAVED_LOCK_WAIT = "stalwart_lock_wait_timeout"
 
 
 class MySQLDialect(Dialect):
     """The database's clock (``UTC_TIMESTAMP(6)``); steps of several statements, each one
     short transaction (``_atomic``); no ``SET LOCAL``."""
-
-    def _atomic(self) -> Any:
-        """One transaction for a step of several statements (joins the caller's, if any)."""
-        return transaction.atomic(using=self.connection.alias, savepoint=False)
 
     def now_sql(self) -> tuple[str, list]:
         return MYSQL_NOW, []
@@ -151,27 +164,21 @@ class MySQLDialect(Dialect):
 
     row_lock = "FOR UPDATE"
 
-    def _ids(self, rows: Sequence) -> list:
-        return [self.uuid_param(self._uuid(row[0])) for row in rows]
-
-    def _uuid(self, value: Any) -> uuid.UUID:
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-
     def wait_briefly_for_locks(self, cursor: Any) -> None:
         # InnoDB counts lock waits in whole seconds, and has no SET LOCAL: the session's
         # value is kept on the connection, and put back after the finish that follows.
-        if getattr(self.connection, "stalwart_lock_wait_timeout", None) is None:
+        if getattr(self.connection, _SAVED_LOCK_WAIT, None) is None:
             cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
-            self.connection.stalwart_lock_wait_timeout = cursor.fetchone()[0]
+            setattr(self.connection, _SAVED_LOCK_WAIT, cursor.fetchone()[0])
         cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
 
     def _restore_lock_wait(self, cursor: Any) -> None:
-        previous = getattr(self.connection, "stalwart_lock_wait_timeout", None)
+        previous = getattr(self.connection, _SAVED_LOCK_WAIT, None)
         # In a transaction an error has doomed, nothing more can run: the next finish on
         # this connection puts it back (until then, its lock waits are brief).
         if previous is None or self.connection.needs_rollback:
             return
-        self.connection.stalwart_lock_wait_timeout = None
+        setattr(self.connection, _SAVED_LOCK_WAIT, None)
         cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [previous])
 
 

@@ -103,7 +103,7 @@ def refuses_the_data(error: BaseException) -> bool:
     if isinstance(error, DataError | IntegrityError):
         return True
     state = _sqlstate(error.__cause__ or error)
-    return bool(state) and state[:2] in _DATA_SQLSTATE_CLASSES
+    return state is not None and state[:2] in _DATA_SQLSTATE_CLASSES
 
 
 def is_lock_wait(error: BaseException) -> bool:

@@ -49,9 +49,10 @@ INSERT_COLUMNS = (
     "concurrency_duration",
     "unique_key",
     "unique_while_running",
+    "max_interruptions",
 )
 # ...and those in which every new job starts alike, with these SQL literals.
-INSERT_CONSTANTS = {"attempt": "0", "worker_ids": "'[]'", "errors": "'[]'"}
+INSERT_CONSTANTS = {"attempt": "0", "worker_ids": "'[]'", "errors": "'[]'", "interruptions": "'[]'"}
 
 
 # Not frozen, though nothing changes one once made: a bulk enqueue makes thousands, and a
@@ -77,6 +78,7 @@ class NewJob:
     concurrency_duration: float | None = None
     unique_key: str | None = None
     unique_while_running: bool = False
+    max_interruptions: int = 10
 
 
 # Not frozen either, though nothing changes one once claimed: a worker makes one per job
@@ -129,20 +131,41 @@ class Outcome:
 
 
 class Death(StrEnum):
-    """How the process whose jobs are taken back came to an end, which decides who pays.
+    """How the process whose jobs are taken back came to an end, which decides who pays
+    (docs/explanation/processes.md, "Who pays for a death"). By cause, not by exit path.
 
-    A crash is charged to the job that crashed, and only to it."""
+    A job charged gets the death as an error and counts it towards ``max_attempts``. A job
+    not charged has the death recorded as an interruption: free, up to its
+    ``max_interruptions``; past those, an interruption is charged too. So no job is claimed
+    more than ``max_attempts + max_interruptions`` times.
+    """
 
-    #: It ended on its own, jobs still running in its threads (a stop past its timeout, a
-    #: fence): nobody is charged, and nothing changes but the jobs' state.
-    NONE = "none"
-    #: It died (a signal, a crash, a task's ``os._exit``), and its supervisor saw it: a job
-    #: that ran alone is charged; jobs that ran together are not. Either way each is
-    #: isolated, to run alone next time, where a death can only be its own.
+    #: The queue or its environment ended the attempts, not a job: a stop past its timeout,
+    #: an outage or a stall of the queue's own loop, a fence, a deploy. Nobody is charged.
+    INTERRUPTED = "interrupted"
+    #: A job may have caused it (a signal, a crash, a task's ``os._exit``, memory, a stall
+    #: of the whole process, a silence nobody explained): among the suspects (by default
+    #: every job it held), one alone is charged; several are each isolated, to run alone
+    #: next time, where a death can only be its own, and are not charged.
     CRASH = "crash"
-    #: It went silent (pruned) or vanished (orphaned jobs): what ended it is unknown, and
-    #: likely not a job (a host lost, a link cut). Each job is charged once; none isolated.
-    SILENCE = "silence"
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    """A job a live process gives back, and why: its attempt ended through no fault of its
+    own (a stop, a lost connection, a claim whose answer was lost). Free, unless the job has
+    used up its ``max_interruptions``: then it is charged, with ``error_class`` and
+    ``error_text`` (by default the cause) as its error."""
+
+    id: uuid.UUID
+    attempt: int
+    cause: str
+    error_class: str = "stalwart.exceptions.JobInterrupted"
+    error_text: str | None = None
+
+    @property
+    def error(self) -> str:
+        return self.error_text if self.error_text is not None else self.cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +177,9 @@ class Released:
     status: str
     queue_name: str
     concurrency_key: str | None = None
+    task_path: str = ""
+    # Whether the attempt that ended was charged (a failed attempt), or was an interruption.
+    charged: bool = False
 
     @property
     def failed(self) -> bool:

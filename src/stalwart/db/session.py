@@ -156,7 +156,7 @@ def _statement_names_of_its_own(connection: Any) -> None:
         # psycopg's prepared statement cache, private. Should it ever change shape, the
         # session prepares nothing rather than risk the names every client shares.
         manager = getattr(raw, "_prepared", None)
-        if isinstance(getattr(manager, "_prepared_idx", None), int):
+        if manager is not None and isinstance(getattr(manager, "_prepared_idx", None), int):
             manager._prepared_idx = secrets.randbits(62)
         else:
             raw.prepare_threshold = None

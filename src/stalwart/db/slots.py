@@ -12,7 +12,7 @@ when a slot expires (PostgreSQL, MySQL, SQLite), and MySQL's hand-outs, written 
 read and then an update.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stalwart.db.dialect import MYSQL_NOW, Dialect, marks
@@ -21,6 +21,10 @@ from stalwart.db.rows import Released
 
 class Slots(Dialect):
     """Lock a key, count its free slots, hand them to its blocked jobs."""
+
+    # Waking the workers of the queues whose jobs it made ready is the wake-ups concern's
+    # (stalwart.db.wakeups), which every database's Statements puts beside this one.
+    notify: Callable[[Any, Sequence[str]], None]
 
     def lock_concurrency_key(self, cursor: Any, *, key: str, limit: int | None) -> int:
         """Create or lock the key's row (and set its limit, if given); return its limit.

@@ -27,20 +27,20 @@ from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.utils.module_loading import import_string
 
+from stalwart.aliases import is_stalwart_class
+
 BUSY_TIMEOUT = 20  # seconds
 
 
 def queue_databases() -> set[str]:
     """The aliases of the databases Stalwart backends keep their jobs in."""
-    from stalwart.backend import StalwartBackend
-
     aliases = set()
     for params in getattr(settings, "TASKS", {}).values():
         try:
             backend_class = import_string(params["BACKEND"])
         except (ImportError, KeyError, TypeError):
             continue
-        if isinstance(backend_class, type) and issubclass(backend_class, StalwartBackend):
+        if is_stalwart_class(backend_class):
             options = params.get("OPTIONS") or {}
             database = options.get("database", "default") if isinstance(options, dict) else None
             if isinstance(database, str):

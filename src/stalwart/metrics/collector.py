@@ -14,7 +14,10 @@ COUNTERS = {
     "enqueued": "Jobs enqueued.",
     "succeeded": "Attempts that succeeded.",
     "failed": "Jobs failed for good.",
-    "retried": "Retries: scheduled after a failed attempt, or asked for by hand.",
+    "retried": "Retries: after a failed attempt (a worker's death charged to the job "
+    "included), or asked for by hand.",
+    "interrupted": "Attempts interrupted by the queue or its environment (an outage, a stop, "
+    "a neighbour's crash): run again, free up to the job's max_interruptions.",
     "timed_out": "Attempts that ran past their task's timeout.",
     "released": "Jobs given back to the queue by a stopping process.",
     "discarded": "Failed jobs discarded.",
@@ -75,9 +78,9 @@ def _families(config: Options) -> Iterator[Any]:
     }
     buckets: dict[str, dict[str, float]] = defaultdict(dict)
     sums: dict[str, float] = defaultdict(float)
-    for name, queue, task, le, value in rows:
+    for name, queue_name, task, le, value in rows:
         if name in counters:
-            counters[name].add_metric([queue, task], value)
+            counters[name].add_metric([queue_name, task], value)
         elif name == "duration_bucket":
             buckets[task][le] = value
         elif name == "duration_sum":

@@ -7,6 +7,7 @@ rest as it stops. A process killed outright loses at most its last interval's co
 forked child starts from zero: what it inherited is its parent's to add.
 """
 
+import atexit
 import math
 import os
 import threading
@@ -32,7 +33,19 @@ COUNTED = {
     "jobs_discarded": "discarded",
     "job_cancelled": "cancelled",  # a running job that stopped (or never ran again)
     "jobs_cancelled": "cancelled",  # waiting jobs cancelled at once
+    "job_interrupted": "interrupted",  # given back free: a lost connection, a stop, a death
 }
+
+
+def _counter(action: str, fields: dict[str, Any]) -> str | None:
+    """The counter an event adds to (a job a dead process gave back: by what became of it)."""
+    if action == "job_given_back":
+        if fields.get("status") == "failed":
+            return "failed"
+        return "retried" if fields.get("charged") else "interrupted"
+    return COUNTED.get(action)
+
+
 # Events whose ``duration`` is an attempt's running time.
 TIMED = ("job_succeeded", "job_failed", "job_retry_scheduled", "job_cancelled")
 
@@ -61,7 +74,7 @@ class Tally:
 
     def record(self, action: str, fields: dict[str, Any]) -> None:
         """The events subscriber."""
-        name = COUNTED.get(action)
+        name = _counter(action, fields)
         if name is None:
             return
         queue = str(fields.get("queue") or "")
@@ -138,12 +151,24 @@ _tallies: dict[str, Tally] = {}
 
 
 def install(database: str, *, background: bool = True) -> Tally:
-    """Count this process's events into ``database``'s counters (once per database)."""
+    """Count this process's events into ``database``'s counters (once per database). What is
+    still counted when the process exits normally is added then (``atexit``), so a script, a
+    management command or a short-lived web worker loses nothing; a process killed outright
+    (SIGKILL) loses at most its last ``FLUSH_INTERVAL`` of counts."""
     tally = _tallies.get(database)
     if tally is None:
+        if not _tallies:
+            atexit.register(_flush_at_exit)
         tally = _tallies[database] = Tally(database, background=background)
         events.subscribe(tally.record)
     return tally
+
+
+def _flush_at_exit() -> None:
+    try:
+        flush_all()
+    finally:
+        connections.close_all()
 
 
 def uninstall(database: str) -> None:

@@ -5,11 +5,14 @@ private (a network rule, a proxy, or a decorator of your own): it tells how busy
 is, by queue and task name, and nothing about any job's arguments.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.http import HttpResponse
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS
 from django.views.decorators.http import require_GET
+
+if TYPE_CHECKING:
+    from stalwart.backend import StalwartBackend
 
 
 @require_GET
@@ -26,5 +29,7 @@ def metrics(request: Any, backend: str = DEFAULT_TASK_BACKEND_ALIAS) -> HttpResp
             status=501,
             content_type="text/plain",
         )
-    body, content_type = exposition(task_backends[backend].config)
+    # The alias the project mounted the view for: its Stalwart backend.
+    stalwart = cast("StalwartBackend", task_backends[backend])
+    body, content_type = exposition(stalwart.config)
     return HttpResponse(body, content_type=content_type)

@@ -3,7 +3,7 @@
 from django.db import models
 
 # Each action of the dashboard (and of nothing else) needs its own permission.
-PERMISSIONS = [
+PERMISSIONS: list[tuple[str, str]] = [
     ("view_dashboard", "Can view the Stalwart dashboard"),
     ("retry_job", "Can retry failed jobs"),
     ("discard_job", "Can discard failed jobs"),
@@ -22,7 +22,9 @@ class Dashboard(models.Model):
         managed = False
         db_table = "stalwart_dashboard"
         default_permissions = ()
-        permissions = PERMISSIONS
+        # A list of Meta's own type (django-stubs: names may be lazy strings), equal to
+        # PERMISSIONS, as the migrations recorded it.
+        permissions = [(codename, name) for codename, name in PERMISSIONS]
         verbose_name = "dashboard"
         verbose_name_plural = "dashboard"
 

@@ -90,6 +90,17 @@ class Job(models.Model):
     # Someone asked this job to stop while it ran (``stalwart.cancel``): its worker tells
     # the task through its context, and the job never starts another attempt.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Attempts that ended through no fault of the job (an outage, a stop, a neighbour's
+    # crash, a fence it did not cause), one entry each: {"attempt", "cause", "at",
+    # "process"}. They are free, up to ``max_interruptions``; past that, each is charged as
+    # a failed attempt. So a job is never claimed more than max_attempts + max_interruptions
+    # times (docs/explanation/processes.md, "Who pays for a death").
+    interruptions = models.JSONField(default=list, db_default=[])
+    max_interruptions = models.PositiveIntegerField(default=10, db_default=10)
+    # Since when workers have claimed the job without finding its task (a rolling deploy:
+    # an old worker, a task added in the new release). Such a claim is undone, and the job
+    # waits for a worker that has the task, up to the backend's ``task_not_found_grace``.
+    unresolved_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "stalwart_job"

@@ -23,17 +23,19 @@ import psutil
 import setproctitle
 from django.db import connections
 
-from stalwart import events
+from stalwart import events, log
 from stalwart.conf import Options
 from stalwart.db.deadline import cut
 from stalwart.db.retry import lost_connections_to_the_caller
 from stalwart.db.session import bookkeeping
-from stalwart.processes import forking
+from stalwart.deadlines import Deadlines
+from stalwart.processes import forking, verdicts
 from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
 from stalwart.processes.heartbeat import Heartbeat
 from stalwart.processes.liveness import Liveness
 from stalwart.processes.outage import DatabaseFailure, Outage
 from stalwart.processes.registry import Registration, process_name
+from stalwart.processes.verdicts import Verdict
 from stalwart.processes.wakeup import Waker
 
 # What ``step()`` returns when the step failed on the database (it has waited its backoff).
@@ -81,7 +83,16 @@ class Role:
         self.outage = Outage(self.database, process=self.name)
         self._main_connection: Any = None  # the main loop's connection wrapper
         self._thread: threading.Thread | None = None  # the main loop's thread
-        self.liveness = Liveness(limit=config.process_alive_threshold / 2)
+        self.process_deadlines = Deadlines(
+            interval=config.heartbeat_interval,
+            threshold=config.process_alive_threshold,
+            statement_timeout=config.statement_timeout,
+        )
+        self.liveness = Liveness(limit=self.process_deadlines.stall)
+        # Beats overdue: claim nothing new until one goes through (see heartbeat.py).
+        self.suspended = False
+        # Our own word on a death that may come (see verdicts.py), in the row's metadata too.
+        self.verdict: Verdict | None = None
 
     # -- control -----------------------------------------------------------------------------
 
@@ -93,17 +104,27 @@ class Role:
         self.waker.wake()
 
     def fence(self, reason: str) -> None:
-        """We may have been declared dead: stop at once, write nothing more of ours."""
+        """Our row is gone (we were pruned, our jobs given to others), or our deadline passed
+        where no kernel timer ends us: stop at once. Writes of ours are fenced on owner and
+        attempt, so none can touch what others now hold."""
         self.fenced_reason = reason
         self.exit_status = EXIT_FENCED
-        # Whatever becomes of this process now (its kernel deadline may end it before its
-        # loop can), its jobs were given up on purpose: its supervisor must not charge them.
-        forking.tell_parent(forking.FENCED)
         events.emit("process_fenced", process=self.name, reason=reason)
         self.request_stop(immediate=True)
         if self._main_connection is not None and threading.current_thread() is not self._thread:
             # A main loop blocked on a stalled link would never see the stop: cut the link.
             cut(self._main_connection)
+
+    def suspend(self, suspended: bool) -> None:
+        """Our heartbeats are overdue (True): claim nothing new; or go through again."""
+        self.suspended = suspended
+        self.waker.wake()
+
+    def give_verdict(self, verdict: Verdict | None) -> None:
+        """Say (or withdraw) why a death of ours now would not be our jobs' doing, or whose it
+        would be: to our supervisor at once, and in our row with the next write."""
+        self.verdict = verdict
+        forking.tell_parent({"verdict": None if verdict is None else verdict.as_data()})
 
     def install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -153,6 +174,10 @@ class Role:
     def metadata(self) -> dict[str, Any]:
         """What the process table shows about us (refreshed at every heartbeat)."""
         data: dict[str, Any] = {"rss_bytes": self.resident_memory() or None}
+        if self.verdict is not None:
+            data[verdicts.KEY] = self.verdict.as_data()
+        if self.suspended:
+            data["suspended"] = True
         failing_for = self.outage.failing_for
         if failing_for is not None:
             # The loop cannot do its work (the heartbeat can): 'queue status --check' says so.
@@ -217,8 +242,11 @@ class Role:
 
     def run(self) -> int:
         """Register, run ``main()`` until stopped, deregister. Returns the exit status."""
+        if self.owns_process:
+            log.run_in_background()  # a log handler that blocks must not stall our loops
         self.install_signal_handlers()
         self.set_title("starting")
+        self.prepare()
         self.open_session(main=True)
         if not self._register():
             return self.exit_status  # asked to stop before the database let us register
@@ -232,10 +260,11 @@ class Role:
         if self.heartbeat_in_thread:
             self._heartbeat = Heartbeat(
                 self.registration,
-                interval=self.config.heartbeat_interval,
-                threshold=self.config.process_alive_threshold,
+                deadlines=self.process_deadlines,
                 metadata=self.metadata,
                 on_fenced=self.fence,
+                on_suspended=self.suspend,
+                on_verdict=self.give_verdict,
                 liveness=self.liveness,
                 hard_exit=self.owns_process,
                 session=lambda: self.open_session("heartbeat"),
@@ -304,6 +333,10 @@ class Role:
             return
         if self._heartbeat is not None:
             self._heartbeat.disarm()
+
+    def prepare(self) -> None:
+        """Before the process registers (so before anything may take it for dead): load what
+        it needs that runs the application's code (a worker's task modules)."""
 
     def abandons_jobs(self) -> bool:
         """Whether this process ends with jobs still running in its threads."""

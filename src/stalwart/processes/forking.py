@@ -7,11 +7,12 @@ the child, signal handlers are reset, the parent's death is wired to a TERM
 whatever happens, it never runs the parent's shutdown code.
 
 Each child leads its own process group, so that whatever its jobs start (and leave behind)
-can be ended with it (``end_group``). And each child tells its parent, through a pipe, when
-it gives up the jobs it still runs on purpose: when it fences itself (``tell_parent``), and
-when its role returns. Only then are they given back uncharged. A child that is killed
-before either (by a signal, by a task's ``os._exit``, by its heartbeat's deadline while a
-task holds the GIL) says nothing: it died, and the death is charged.
+can be ended with it (``end_group``). And each child tells its parent, through a pipe, what
+it knows of its own end (``tell_parent``, ``report``): that its role returned (it gave up the
+jobs it still ran on purpose), and its verdict on a death that may come (see
+``stalwart.processes.verdicts``). A child killed before it could say anything (a signal, a
+task's ``os._exit``, its heartbeat's deadline while a task held the GIL) died of something
+its jobs may have done: a crash, charged as ``stalwart.db.Death.CRASH`` says.
 
 The child gets no copy of the parent's other threads. Libraries that run threads from
 import time must start them again in the child (``os.register_at_fork``) or lazily.
@@ -20,6 +21,7 @@ import time must start them again in the child (``os.register_at_fork``) or lazi
 import contextlib
 import ctypes
 import ctypes.util
+import json
 import logging
 import os
 import signal
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 import psutil
 from django.db import connections
 
-from stalwart import events
+from stalwart import events, log
 
 EXIT_CRASHED = 70  # EX_SOFTWARE: the role raised instead of returning a status
 _PR_SET_PDEATHSIG = 1
@@ -124,43 +126,67 @@ def close_pools() -> None:
             connection.close_pool()
 
 
-ENDED = b"E"  # what a child writes to its status pipe when its role returned
-FENCED = b"F"  # ...and when it fences itself (what comes next is not its jobs' doing)
 # Read ends of the status pipes of our living children (closed in each new child).
 _status_pipes: set[int] = set()
 # In a child: the write end of its own status pipe.
 _to_parent: int | None = None
 
 
-def tell_parent(what: bytes) -> None:
-    """In a forked child: tell the supervisor ``what`` (``FENCED``); elsewhere nothing."""
+def tell_parent(message: dict) -> None:
+    """In a forked child: tell the supervisor ``message`` (one JSON line: ``{"ended":
+    true}`` when the role returned, ``{"verdict": ...}`` when the child's own word on a death
+    changes; see ``stalwart.processes.verdicts``); elsewhere nothing. Never blocks: the
+    pipe holds far more than a child says."""
     if _to_parent is not None:
         with contextlib.suppress(OSError):
-            os.write(_to_parent, what)
+            os.write(_to_parent, (json.dumps(message) + "\n").encode())
 
 
 @dataclass(frozen=True, slots=True)
 class Forked:
     pid: int
-    status_pipe: int  # read end: ``ended_on_its_own`` once the child has exited
+    status_pipe: int  # read end: ``report`` once the child has exited
 
 
-def ended_on_its_own(forked: Forked) -> bool:
-    """After the child exited: whether it gave up its jobs on purpose (it fenced itself, or
-    its role returned) rather than died. Closes the pipe."""
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What a child said before it exited: whether its role returned (it gave up what it
+    still ran on purpose), and its newest verdict (None: none, or withdrawn)."""
+
+    ended: bool = False
+    verdict: dict | None = None
+
+
+def report(forked: Forked) -> Report:
+    """After the child exited: what it said on its status pipe. Closes the pipe."""
+    chunks = []
     try:
-        return bool(os.read(forked.status_pipe, 16))
+        while chunk := os.read(forked.status_pipe, 65536):
+            chunks.append(chunk)
     except OSError:
-        return False
+        pass
     finally:
         _status_pipes.discard(forked.status_pipe)
         with contextlib.suppress(OSError):
             os.close(forked.status_pipe)
+    ended, verdict = False, None
+    for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by the child's death
+        if not isinstance(message, dict):
+            continue
+        ended = ended or bool(message.get("ended"))
+        if "verdict" in message:
+            verdict = message["verdict"]
+    return Report(ended=ended, verdict=verdict)
 
 
 def flush_logs(timeout: float = 2.0) -> None:
     """Flush every log handler, giving up after ``timeout`` seconds: a handler that blocks
     (a full pipe, a dead log server) must not keep a process from ending."""
+    log.flush(timeout)
     flusher = threading.Thread(target=logging.shutdown, name="stalwart-log-flush", daemon=True)
     flusher.start()
     flusher.join(timeout)
@@ -248,7 +274,7 @@ def fork_child(run: Callable[[], int]) -> Forked:
     finally:
         try:
             if ended:
-                tell_parent(ENDED)
+                tell_parent({"ended": True})
             with contextlib.suppress(Exception):  # end our pooled sessions, not drop them
                 close_pools()
             flush_logs()

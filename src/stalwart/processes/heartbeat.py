@@ -1,21 +1,27 @@
-"""The heartbeat: proves a process alive, and makes it stop before others take it for dead.
+"""The heartbeat: proves a process alive, and ends it before others may take it for dead.
 
-Every ``interval`` seconds the heartbeat thread touches our row (database clock), but only
-while the role's main loop makes progress (``Liveness``): a stuck loop gets no heartbeats.
-If the row is gone we were pruned: the process is fenced at once.
+Beats go out at a fixed rate, every ``interval`` seconds (a slow beat does not push the next
+one back), but only while the role's main loop makes progress (``Liveness``): a stuck loop
+gets no heartbeats. If the row is gone we were pruned: the process is fenced at once.
 
-Pruners take a process for dead ``threshold`` seconds after the database stamped its last
-beat. The stamp is taken while the beat runs, so never before we *sent* it: each beat's
-success is dated by its sending time on the host's monotonic clock, never by the arrival of
-an answer that may come late. Counting from there, past ``soft`` seconds the process is
-fenced (it stops claiming and ends); at ``hard`` seconds, strictly before ``threshold``, it
-is ended by the kernel: a timer (``ITIMER_REAL``) re-armed by each beat delivers ``SIGALRM``,
-whose default action ends the process whatever its threads are doing, a task holding the GIL
-included. So a job never runs here and elsewhere at once for lack of a heartbeat: the
-margin is ``threshold - hard`` (half an interval) plus the time the beat took to arrive.
+The deadlines are ``stalwart.deadlines``'s, counted from the sending of the last beat that
+worked (the database's stamp is never earlier, so pruners count from a later moment):
+
+- past ``suspend`` the process stops claiming (``on_suspended``), and claims again as soon
+  as a beat goes through: a slow or briefly unreachable database slows it, never kills it;
+- at ``kill``, strictly before anyone may prune it, the kernel ends it: a timer
+  (``ITIMER_REAL``) re-armed by each beat that works delivers ``SIGALRM``, whose default
+  action ends the process whatever its threads are doing, a task holding the GIL included.
+  So a job never runs here and elsewhere at once for lack of a heartbeat.
+
+Should the process die so, its jobs are charged by cause: while its beats fail, hang or are
+withheld from a stalled loop, it says that the fault is not its jobs' (``on_verdict``, an
+``INTERRUPTED`` verdict, withdrawn when a beat goes through). A process frozen as a whole
+says nothing, and its death is a crash. A task that changes the kernel's timer (``alarm()``,
+``setitimer(ITIMER_REAL)``) is found out at the next beat, said so, and the timer restored.
 
 In a process that is not only a Stalwart role (a worker run in a thread of a test), nothing
-is armed and the hard deadline fences, like the soft one.
+is armed, and ``kill`` fences the role instead.
 """
 
 import signal
@@ -27,20 +33,14 @@ from typing import Any
 from django.db import connections
 
 from stalwart import events
+from stalwart.deadlines import Deadlines
 from stalwart.processes.liveness import Liveness
 from stalwart.processes.outage import DatabaseFailure, Outage
 from stalwart.processes.registry import Registration
+from stalwart.processes.verdicts import Verdict, interrupted
 
-
-def fence_deadlines(interval: float, threshold: float) -> tuple[float, float]:
-    """Seconds after sending the last successful beat at which to fence softly, and at which
-    the process is ended (``hard``, strictly less than ``threshold``)."""
-    # A healthy process is silent for up to one interval (plus the beat itself): never
-    # fence before half an interval more than that.
-    floor = 1.5 * interval
-    hard = max(threshold - interval / 2, floor)
-    soft = max(hard - interval, floor)
-    return soft, hard
+# How far the kernel's timer may be from where we set it before we call it tampered with.
+TIMER_TOLERANCE = 0.25
 
 
 class Heartbeat(threading.Thread):
@@ -48,32 +48,38 @@ class Heartbeat(threading.Thread):
         self,
         registration: Registration,
         *,
-        interval: float,
-        threshold: float,
+        deadlines: Deadlines,
         metadata: Callable[[], dict[str, Any]],
         on_fenced: Callable[[str], None],
+        on_suspended: Callable[[bool], None] = lambda suspended: None,
+        on_verdict: Callable[[Verdict | None], None] = lambda verdict: None,
         liveness: Liveness | None = None,
         hard_exit: bool = False,
         session: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="stalwart-heartbeat", daemon=True)
         self.registration = registration
-        self.interval = interval
-        self.threshold = threshold
+        self.deadlines = deadlines
+        self.interval = deadlines.interval
         self.metadata = metadata
         self.on_fenced = on_fenced
+        self.on_suspended = on_suspended
+        self.on_verdict = on_verdict
         self.liveness = liveness
         self.hard_exit = hard_exit
         self.session = session
-        self.soft, self.hard = fence_deadlines(interval, threshold)
         self.last_success = time.monotonic()  # the sending time of the last beat that worked
+        self.suspended = False
+        self.verdict: Verdict | None = None
+        self._in_flight_since: float | None = None  # a beat sent and not yet answered
+        self._withheld = False  # the last beat was withheld from a stalled main loop
+        self._armed_until: float | None = None  # when the kernel's timer fires (monotonic)
         self.outage = Outage(
             registration.database,
             process=registration.name,
             started="heartbeat_failed",
             ended="heartbeat_recovered",
         )
-        self._stalled_reported = False
         self._stop_event = threading.Event()
         self._watch = threading.Thread(target=self._guard, name="stalwart-fence", daemon=True)
 
@@ -90,6 +96,7 @@ class Heartbeat(threading.Thread):
         """The process holds nothing any more: no need to end it at the deadline."""
         if self.hard_exit:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            self._armed_until = None
 
     def run(self) -> None:
         if self.session is not None:
@@ -99,24 +106,36 @@ class Heartbeat(threading.Thread):
         finally:
             connections.close_all()  # this thread's own connection
 
+    # -- beating -----------------------------------------------------------------------------
+
     def _beat(self) -> None:
-        while not self._stop_event.wait(self.interval):
+        next_send = time.monotonic() + self.interval
+        while not self._stop_event.wait(max(next_send - time.monotonic(), 0.0)):
+            woke = time.monotonic()
+            if woke - next_send > self.interval / 2 and self.liveness is not None:
+                # We could not run for a while (the whole process was frozen: a task holding
+                # the GIL, a stop signal, a starved machine): the loop's clock stood still
+                # with ours, and it gets a fresh look.
+                self.liveness.excuse()
             if self.liveness is not None and self.liveness.stalled:
-                if not self._stalled_reported:
-                    self._stalled_reported = True
-                    events.emit(
-                        "process_stalled",
-                        process=self.registration.name,
-                        stalled_for=self.liveness.stalled_for,
-                    )
+                next_send = woke + self.interval
+                self._withhold()
                 continue  # no progress, no heartbeat: the deadlines take their course
+            self._withheld = False
+            self._check_timer()
             metadata = self.metadata()
             sent = time.monotonic()
+            self._in_flight_since = sent
             try:
                 alive = self.registration.heartbeat(metadata)
             except DatabaseFailure as error:
                 self.outage.failed(error)
                 continue
+            finally:
+                self._in_flight_since = None
+                # A fixed rate: the next beat is due an interval after this one was due (at
+                # once, if this one took longer than that).
+                next_send = max(next_send + self.interval, time.monotonic())
             self.outage.succeeded()
             if self._stop_event.is_set():
                 return  # a beat that came back after the stop: its row may be gone by now
@@ -125,16 +144,97 @@ class Heartbeat(threading.Thread):
                 return
             self.last_success = sent
             self._arm(sent)
+            self._recovered()
+
+    def _withhold(self) -> None:
+        """The main loop is stalled: say so once, and that a death now would not be its jobs'
+        doing (in the row too, where no supervisor hears us; without stamping it)."""
+        if self._withheld or self.liveness is None:
+            return
+        self._withheld = True
+        stalled_for = self.liveness.stalled_for
+        events.emit("process_stalled", process=self.registration.name, stalled_for=stalled_for)
+        self._set_verdict(interrupted(f"its main loop made no progress for {stalled_for:.1f} s"))
+        try:
+            self.registration.update_metadata(self.metadata())
+        except DatabaseFailure as error:
+            self.outage.failed(error)
+
+    def _recovered(self) -> None:
+        if self.suspended:
+            self.suspended = False
+            events.emit("process_resumed", process=self.registration.name)
+            self.on_suspended(False)
+        if self.verdict is not None:
+            self._set_verdict(None)
+
+    def _set_verdict(self, verdict: Verdict | None) -> None:
+        if verdict != self.verdict:
+            self.verdict = verdict
+            self.on_verdict(verdict)
+
+    # -- the kernel's deadline ---------------------------------------------------------------
 
     def _arm(self, sent: float) -> None:
         if self.hard_exit and not self._stop_event.is_set():
-            remaining = sent + self.hard - time.monotonic()
+            self._armed_until = sent + self.deadlines.kill
+            remaining = self._armed_until - time.monotonic()
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001))
 
+    def _check_timer(self) -> None:
+        """Whether a task changed the kernel's timer (``signal.alarm()``, ``setitimer``):
+        if so, say so, and set it back to our deadline."""
+        if not self.hard_exit or self._armed_until is None:
+            return
+        expected = self._armed_until - time.monotonic()
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        if abs(remaining - expected) <= TIMER_TOLERANCE:
+            return
+        events.emit(
+            "kernel_timer_tampered",
+            process=self.registration.name,
+            found=round(remaining, 3),
+            expected=round(expected, 3),
+            reason="a task called signal.alarm() or setitimer(ITIMER_REAL), which Stalwart's "
+            "processes use to end themselves before they may be taken for dead; restored",
+        )
+        signal.setitimer(signal.ITIMER_REAL, max(expected, 0.001))
+
+    # -- the guard ---------------------------------------------------------------------------
+
     def _guard(self) -> None:
-        fenced = False
+        deadlines = self.deadlines
         while not self._stop_event.wait(min(self.interval / 4, 0.5)):
-            silent_for = time.monotonic() - self.last_success
-            if silent_for > self.soft and not fenced:
-                fenced = True
+            now = time.monotonic()
+            silent_for = now - self.last_success
+            if silent_for <= deadlines.suspend:
+                continue
+            cause = self._beats_failing(now)
+            if cause is not None:
+                self._set_verdict(interrupted(cause))
+            if not self.suspended:
+                self.suspended = True
+                events.emit(
+                    "process_suspended",
+                    process=self.registration.name,
+                    silent_for=round(silent_for, 1),
+                    reason=cause or "no heartbeat went out (the whole process was held up)",
+                )
+                self.on_suspended(True)
+            if not self.hard_exit and silent_for > deadlines.kill:
                 self.on_fenced(f"no successful heartbeat for {silent_for:.1f} s")
+                return
+
+    def _beats_failing(self, now: float) -> str | None:
+        """Why beats do not go through, if that is what happens: they fail, hang, or are
+        withheld from a stalled loop. None: none went out at all (the process was frozen)."""
+        if self._withheld:
+            return "its main loop stalled"
+        sent = self._in_flight_since
+        if sent is not None and now - sent > self.deadlines.statement_timeout:
+            return f"a heartbeat has waited {now - sent:.1f} s for the database"
+        if self.outage.failing_for is not None:
+            return f"its heartbeats have failed for {self.outage.failing_for:.1f} s: " + (
+                self.outage.error or "the database is unreachable"
+            )
+        return None

@@ -29,6 +29,12 @@ class Liveness:
         if self._busy_since is not None:
             self._busy_since = time.monotonic()
 
+    def excuse(self) -> None:
+        """The whole process stood still (its heartbeat thread too): the loop's time stood
+        still with it, and counts again from now."""
+        if self._busy_since is not None:
+            self._busy_since = time.monotonic()
+
     @property
     def stalled_for(self) -> float:
         """Seconds the loop has been busy without progress (0 while idle)."""

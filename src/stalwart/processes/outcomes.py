@@ -66,12 +66,27 @@ def _one_per_job(items: list[Finished]) -> list[Finished]:
 
 
 class OutcomeWriter:
-    def __init__(self, store: JobStore, *, process: str, sender: type) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        process: str,
+        sender: type,
+        deliver: Callable[[str, Callable[[], None]], None] | None = None,
+        outage_seen: Callable[[Finished], bool] = lambda item: False,
+    ) -> None:
         self.store = store
         self.process = process
         self.sender = sender
+        # Where Django's task_finished is sent from (the worker's reporter thread: receivers
+        # are the application's code); by default, here and now.
+        self.deliver = deliver or (lambda what, send: send())
+        # Whether our own bookkeeping saw the database fail since the attempt began.
+        self.outage_seen = outage_seen
         self.unwritten: list[Finished] = []
         self._deferred_reported: set[Any] = set()
+        # Task paths this worker did not find, and said so (once each).
+        self._deferred_paths: set[str] = set()
 
     def flush(
         self,
@@ -83,13 +98,20 @@ class OutcomeWriter:
     ) -> list[Finished]:
         """Write ``finished`` and whatever still waits here; with ``claim``, claim too, and
         call ``hold`` with the claimed jobs at once. Returns the attempts settled now
-        (written and reported, or discarded); the rest waits for the next flush."""
+        (written and reported, given back, or discarded); the rest waits for the next flush.
+        A job given back here may be claimed again by this very flush: its new attempt is
+        not among those settled, though it has the same id."""
         pending = _one_per_job(self.unwritten + finished)
         self.unwritten = pending  # kept until written, should a write fail
+        self._judge_lost_connections(pending)
+        given_back = self._give_back(owner, [item for item in pending if item.interruption])
+        if given_back:
+            pending = [item for item in pending if item.interruption is None]
+            self.unwritten = pending
         if not pending:
             if claim is not None:
                 hold(self._claim(owner, claim))
-            return []
+            return given_back
         combined = claim is not None and self._can_combine(pending, claim)
         try:
             written, deferred = self._write_pending(
@@ -117,7 +139,49 @@ class OutcomeWriter:
         self._announce_retries(settled, written)
         if claim is not None and not combined:
             hold(self._claim(owner, claim))  # after the report: written outcomes are settled
-        return settled
+        return given_back + settled
+
+    def _judge_lost_connections(self, pending: list[Finished]) -> None:
+        """An attempt whose body lost its connection was interrupted by the database (a
+        restart, a failover) only if our own link went down too: then it runs again, free.
+        If ours still answers, the job lost its connection by its own doing (it ended its
+        session, say): a failure like any other. A look that fails is an outage: the
+        outcomes wait, and are interruptions."""
+        unsure = [
+            item for item in pending if item.interruption is not None and not self.outage_seen(item)
+        ]
+        if not unsure:
+            return
+        self.store.ping()
+        for item in unsure:
+            if not self.outage_seen(item):
+                item.interruption = None
+
+    def _give_back(self, owner: int, items: list[Finished]) -> list[Finished]:
+        """Give back the jobs whose attempts were interrupted (their connection was lost):
+        they run again, free up to their ``max_interruptions``. Returns them, settled."""
+        if not items:
+            return []
+        interruptions = [item.interruption for item in items if item.interruption is not None]
+        released = set(self.store.release(owner=owner, jobs=interruptions, process=self.process))
+        for item, interruption in zip(items, interruptions, strict=True):
+            if item.job.id in released:
+                events.emit(
+                    "job_interrupted",
+                    job=item.job.id,
+                    task=item.job.task_path,
+                    attempt=item.job.attempt,
+                    cause=interruption.cause,
+                )
+            else:
+                events.emit(
+                    "job_result_discarded",
+                    job=item.job.id,
+                    task=item.job.task_path,
+                    attempt=item.job.attempt,
+                    reason="the job is no longer ours (released or taken over)",
+                )
+        return items
 
     def _can_combine(self, pending: list[Finished], claim: ClaimRequest) -> bool:
         """Whether the outcomes that need not wait can go in one statement with the claim."""
@@ -272,6 +336,16 @@ class OutcomeWriter:
             "attempt": item.job.attempt,
             "duration": item.duration,
         }
+        if item.deferred is not None:
+            if item.job.task_path not in self._deferred_paths:  # said once per task
+                self._deferred_paths.add(item.job.task_path)
+                events.emit(
+                    "task_not_found_deferred",
+                    **fields,
+                    retry_in=item.retry_in,
+                    reason=item.deferred,
+                )
+            return
         if outcome.status == JobStatus.SUCCESSFUL:
             events.emit("job_succeeded", **fields)
         elif outcome.status == JobStatus.CANCELLED:
@@ -307,12 +381,17 @@ class OutcomeWriter:
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", item.return_value)
         exception, item.exception = item.exception, None  # its frames go with this report
-        if outcome.status != JobStatus.FAILED or exception is None:  # (not a cancelled job)
-            signals.send(task_finished, "task_finished", sender=self.sender, task_result=result)
-            return
-        # As Django's own backends do, and its log receiver expects: the signal goes out
-        # while the task's exception is being handled, so the log line has its traceback.
-        try:
-            raise exception
-        except BaseException:  # noqa: BLE001 - raised just above, to be handled here
-            signals.send(task_finished, "task_finished", sender=self.sender, task_result=result)
+        sender = self.sender
+
+        def send() -> None:
+            if outcome.status != JobStatus.FAILED or exception is None:  # (not a cancelled job)
+                signals.send(task_finished, "task_finished", sender=sender, task_result=result)
+                return
+            # As Django's own backends do, and its log receiver expects: the signal goes out
+            # while the task's exception is being handled, so the log line has its traceback.
+            try:
+                raise exception
+            except BaseException:  # noqa: BLE001 - raised just above, to be handled here
+                signals.send(task_finished, "task_finished", sender=sender, task_result=result)
+
+        self.deliver("task_finished", send)

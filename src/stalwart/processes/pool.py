@@ -8,6 +8,8 @@ from django.db import connections
 
 from stalwart import events
 from stalwart.db import ClaimedJob
+from stalwart.processes import job_connections
+from stalwart.processes.job_connections import Suspicion
 from stalwart.processes.runner import Finished
 
 
@@ -38,6 +40,9 @@ class JobPool:
         self._inbox: deque[ClaimedJob | None] = deque()
         self._finished: deque[Finished] = deque()
         self._threads: list[threading.Thread] = []
+        # Set off when the database failed: each thread checks its connections before its
+        # next job (see ``job_connections``).
+        self.suspicion = Suspicion()
 
     def start(self) -> None:
         for number in range(self.size):
@@ -105,7 +110,11 @@ class JobPool:
                 connections.close_all()  # this thread's connections, not anyone else's
                 return
             try:
-                self._finished.append(self._run(job))
+                job_connections.before_job(check=self.suspicion.check_now())
+                finished = self._run(job)
+                if finished.interruption is not None:
+                    self.suspicion.suspect()  # its connection died: others' may have too
+                self._finished.append(finished)
             except BaseException as error:  # noqa: BLE001 - the thread must survive to count down
                 events.emit("job_runner_crashed", job=job.id, error=repr(error))
                 if self._crashed is not None:

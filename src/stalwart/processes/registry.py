@@ -3,6 +3,7 @@
 import os
 import secrets
 import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from stalwart.db.errors import is_lock_wait
 from stalwart.db.retry import retry_transient
 from stalwart.jobs import JobStore
 from stalwart.models import Process
+from stalwart.processes import verdicts
+from stalwart.processes.verdicts import Verdict
 
 # The error recorded on a job whose process died while running it.
 PROCESS_DIED = "stalwart.exceptions.ProcessDied"
@@ -68,6 +71,13 @@ class Registration:
             .update(last_heartbeat_at=Now(), metadata=metadata)
         )
         return updated == 1
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Write our row's metadata (a verdict, say) without stamping a heartbeat: a loop that
+        does not progress is not vouched for, but may still say why."""
+        Process.objects.using(self.database).filter(id=self.id).exclude(
+            metadata__has_key=LEAVING
+        ).update(metadata=metadata)
 
     def mark_leaving(self, metadata: dict[str, Any]) -> None:
         """Say that this process is ending with jobs still running in it: whoever removes
@@ -125,11 +135,26 @@ def prune_dead_processes(
 
     if candidates is None:
         candidates = retry_transient(database, find, what="find dead processes")
+    # Supervisors that still beat: a child of one that went silent alone is a lone death.
+    silent = {candidate[0] for candidate in candidates}
+    supervised = {candidate[5] for candidate in candidates if candidate[5] is not None}
+    living = set(
+        Process.objects.using(database)
+        .filter(id__in=supervised - silent)
+        .values_list("id", flat=True)
+    )
     pruned = []
-    for process_id, kind, name, pid, hostname, _supervisor in candidates:
+    for process_id, kind, name, pid, hostname, supervisor in candidates:
+        # Its whole tree fell silent (its supervisor too, or its supervisor is gone): its
+        # host was lost or cut off, which is none of its jobs' doing.
+        tree_silent = supervisor is not None and supervisor not in living
 
         def prune_one(
-            process_id: int = process_id, name: str = name, pid: int = pid, hostname: str = hostname
+            process_id: int = process_id,
+            name: str = name,
+            pid: int = pid,
+            hostname: str = hostname,
+            tree_silent: bool = tree_silent,
         ) -> list[Released] | None:
             with transaction.atomic(using=database), connections[database].cursor() as cursor:
                 metadata = statements.delete_process_if_dead(
@@ -137,17 +162,19 @@ def prune_dead_processes(
                 )
                 if metadata is None:
                     return None
-                cause = (
-                    f"Process {name} (pid {pid} on {hostname}) sent no heartbeat for over "
-                    f"{threshold:g} s and was declared dead."
-                )
+                verdict = judged(metadata, tree_silent=tree_silent)
                 return statements.release_owner(
                     cursor,
                     owner=process_id,
                     error_class=PROCESS_DIED,
-                    error_text=cause,
+                    error_text=(
+                        f"Process {name} (pid {pid} on {hostname}) sent no heartbeat for over "
+                        f"{threshold:g} s and was declared dead{_because(verdict)}."
+                    ),
                     notify=True,
-                    death=Death.NONE if metadata.get(LEAVING) else Death.SILENCE,
+                    death=verdict.death,
+                    suspects=_suspects(verdict),
+                    process=name,
                 )
 
         try:
@@ -172,15 +199,16 @@ def remove_reaped_child(
     supervisors: Sequence[int],
     pid: int,
     cause: str,
-    death: Death = Death.CRASH,
+    told: Verdict | None = None,
+    ended: bool = False,
 ) -> list[GoneProcess]:
     """Remove the row(s) of a child the supervisor reaped, releasing what it held.
 
     ``supervisors``: the rows the supervisor has had (a long outage may have made it take a
     new one). The child is dead (``waitpid`` said so), so releasing its jobs cannot make
-    them run twice at once. ``death`` says how it ended (``Death.CRASH``, or ``Death.NONE`` if
-    it ended on its own with jobs still running: a shutdown timeout, a fence); a crash is
-    charged as ``Death`` says, with ``cause`` as the error.
+    them run twice at once. Who pays is decided by cause (see ``judged``): ``told``, the
+    child's newest verdict on its status pipe; ``ended``, whether its role returned (it
+    gave up what it still ran on purpose). ``cause``: how it ended, in words.
     """
     statements = JobStore(database).statements
 
@@ -191,13 +219,19 @@ def remove_reaped_child(
             # (claims share-lock their process row), so the release below sees its jobs.
             rows = statements.delete_child_processes(cursor, supervisors=supervisors, pid=pid)
             for process_id, kind, name, child_pid, hostname, metadata in rows:
+                verdict = judged(metadata, told=told, ended=ended)
                 released = statements.release_owner(
                     cursor,
                     owner=process_id,
                     error_class=PROCESS_DIED,
-                    error_text=f"Process {name} (pid {child_pid} on {hostname}) {cause}.",
+                    error_text=(
+                        f"Process {name} (pid {child_pid} on {hostname}) {cause}"
+                        f"{_because(verdict)}."
+                    ),
                     notify=True,
-                    death=Death.NONE if metadata.get(LEAVING) else death,
+                    death=verdict.death,
+                    suspects=_suspects(verdict),
+                    process=name,
                 )
                 gone.append(GoneProcess(process_id, kind, name, child_pid, hostname, released))
         return gone
@@ -205,7 +239,56 @@ def remove_reaped_child(
     return retry_transient(database, remove, what="remove a reaped child", conflicts=True)
 
 
+def judged(
+    metadata: dict[str, Any],
+    *,
+    told: Verdict | None = None,
+    ended: bool = False,
+    tree_silent: bool = False,
+) -> Verdict:
+    """Who pays for the end of a process whose jobs are taken back, by cause: its own newest
+    verdict (``told`` on its supervisor's pipe, else in its row); else, if it gave its jobs
+    up on purpose (it ended with jobs still running, ``LEAVING``; or its role returned), an
+    interruption; else, if its whole tree fell silent with it (``tree_silent``: a host lost
+    or cut off), an interruption; else it died of something its jobs may have done: a crash,
+    every job it held a suspect (a lone process gone silent: ``queue work``, say)."""
+    verdict = told or verdicts.from_metadata(metadata)
+    if verdict is not None:
+        return verdict
+    if metadata.get(LEAVING) or ended:
+        return Verdict(Death.INTERRUPTED, "")
+    if tree_silent:
+        return Verdict(Death.INTERRUPTED, "its whole process tree fell silent with it")
+    return Verdict(Death.CRASH, "")
+
+
+def _because(verdict: Verdict) -> str:
+    return f": {verdict.cause}" if verdict.cause else ""
+
+
+def _suspects(verdict: Verdict) -> list[uuid.UUID] | None:
+    if verdict.suspects is None:
+        return None
+    return [uuid.UUID(job) for job in verdict.suspects]
+
+
+def report_given_back(released: Sequence[Released], *, process: str) -> None:
+    """One event per job a dead process's end gave back: what became of it (the metrics
+    count these as failed, retried or interrupted)."""
+    for job in released:
+        events.emit(
+            "job_given_back",
+            job=job.id,
+            task=job.task_path,
+            queue=job.queue_name,
+            status=job.status,
+            charged=job.charged,
+            process=process,
+        )
+
+
 def report_pruned(gone: GoneProcess) -> None:
+    report_given_back(gone.released, process=gone.name)
     events.emit(
         "process_pruned",
         process=gone.name,
@@ -284,7 +367,7 @@ def release_orphans(database: str) -> list[Released]:
                     owner=owner,
                     error_class=PROCESS_DIED,
                     error_text=f"The process (row {owner}) that held this job is gone.",
-                    death=Death.SILENCE,
+                    death=Death.CRASH,
                 )
             # All owners' keys at once, in one sorted pass: locks taken in one order.
             statements.hand_on_slots(cursor, released, notify=True)
@@ -298,5 +381,6 @@ def release_orphans(database: str) -> list[Released]:
         if owners_done[0] < ORPHAN_OWNERS_PER_TRANSACTION or not batch:
             break
     if released:
+        report_given_back(released, process="")
         events.emit("orphans_released", count=len(released))
     return released

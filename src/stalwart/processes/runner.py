@@ -12,17 +12,23 @@ from dataclasses import dataclass
 from traceback import format_exception
 from typing import Any
 
-from django.db import DatabaseError, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.tasks import TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_started
+from django.utils import timezone
 
 from stalwart import events, signals
 from stalwart.context import StalwartTaskContext
-from stalwart.db import ClaimedJob, Outcome
-from stalwart.exceptions import InvalidStoredArguments, JobCancelled, TransactionLeftOpen
+from stalwart.db import ClaimedJob, Interruption, Outcome
+from stalwart.exceptions import (
+    InvalidStoredArguments,
+    JobCancelled,
+    TaskNotFound,
+    TransactionLeftOpen,
+)
 from stalwart.models import JobStatus
+from stalwart.processes import job_connections
+from stalwart.processes.job_connections import lost_connection
 from stalwart.resolution import resolve_task
 from stalwart.results import bind_task, make_result, task_errors
 from stalwart.serialization import dumps, normalize_return_value
@@ -44,6 +50,12 @@ class Finished:
     # The exception that failed the attempt, until it is reported: Django's task_finished
     # receivers are called while it is being handled, so sys.exc_info() holds it.
     exception: BaseException | None = None
+    # Set when the attempt was interrupted, not failed (its connection was lost): the job is
+    # given back (``release``), and ``outcome`` is not written.
+    interruption: Interruption | None = None
+    # Set when the attempt never began because this worker lacks the task (a rolling
+    # deploy): why; the job waits (``outcome``: scheduled) for a worker that has it.
+    deferred: str | None = None
 
 
 # The longest wait before a retry a backoff may ask for (a hundred years, in seconds).
@@ -67,10 +79,19 @@ def error_for(exception: BaseException) -> TaskError:
     )
 
 
-def encode_errors(errors: list[TaskError]) -> str:
-    return dumps(
-        [{"exception_class_path": e.exception_class_path, "traceback": e.traceback} for e in errors]
-    )
+def errors_after(job: ClaimedJob, error: TaskError) -> list[dict]:
+    """The job's stored errors with this attempt's appended: the error, and which attempt
+    it ended, when, in which process (the newest claimant)."""
+    return [
+        *job.errors,
+        {
+            "exception_class_path": error.exception_class_path,
+            "traceback": error.traceback,
+            "attempt": job.attempt,
+            "at": timezone.now().isoformat(),
+            "process": job.worker_ids[-1] if job.worker_ids else "",
+        },
+    ]
 
 
 def failure_outcome(
@@ -86,13 +107,13 @@ def failure_outcome(
 
     Every failed attempt (a worker's death included) counts towards ``max_attempts``.
     """
-    errors = [*task_errors(job.errors), error]
+    errors = errors_after(job, error)
     if cancel_requested or isinstance(exception, JobCancelled):
         outcome = Outcome(
             id=job.id,
             attempt=job.attempt,
             status=JobStatus.CANCELLED,
-            errors=encode_errors(errors),
+            errors=dumps(errors),
         )
         return outcome, None
     delay = None
@@ -114,15 +135,13 @@ def failure_outcome(
                 id=job.id,
                 attempt=job.attempt,
                 status=JobStatus.SCHEDULED,
-                errors=encode_errors(errors),
+                errors=dumps(errors),
                 retry_in=delay,  # counted on the database's clock when it is written
             ),
             delay,
         )
     return (
-        Outcome(
-            id=job.id, attempt=job.attempt, status=JobStatus.FAILED, errors=encode_errors(errors)
-        ),
+        Outcome(id=job.id, attempt=job.attempt, status=JobStatus.FAILED, errors=dumps(errors)),
         None,
     )
 
@@ -150,6 +169,28 @@ def _failed(
     )
 
 
+def interrupted(
+    job: ClaimedJob,
+    result: TaskResult | None,
+    exception: BaseException,
+    lost: BaseException,
+    started: float,
+) -> Finished:
+    """An attempt whose body lost its database connection (a restart, a failover, a session
+    ended by the server): not the job's fault. It goes back to run again, free, as an
+    interruption (charged only past the job's ``max_interruptions``, with this error)."""
+    finished = _failed(job, result, exception, started)
+    assert finished.error is not None  # noqa: S101 - _failed always describes the error
+    finished.interruption = Interruption(
+        job.id,
+        job.attempt,
+        cause=f"its database connection was lost: {type(lost).__name__}: {str(lost).strip()[:300]}",
+        error_class=finished.error.exception_class_path,
+        error_text=finished.error.traceback,
+    )
+    return finished
+
+
 def crashed_attempt(job: ClaimedJob, exception: BaseException) -> Finished:
     """The outcome of an attempt whose running itself broke (not the task): failed for good."""
     error = error_for(exception)
@@ -157,7 +198,7 @@ def crashed_attempt(job: ClaimedJob, exception: BaseException) -> Finished:
         id=job.id,
         attempt=job.attempt,
         status=JobStatus.FAILED,
-        errors=encode_errors([*task_errors(job.errors), error]),
+        errors=dumps(errors_after(job, error)),
     )
     return Finished(
         job=job, outcome=outcome, result=None, duration=0.0, error=error, exception=exception
@@ -200,8 +241,56 @@ def not_run(job: ClaimedJob) -> Finished:
     )
 
 
+def deferred_for_another_worker(
+    job: ClaimedJob, missing: TaskNotFound, grace: float
+) -> Finished | None:
+    """A job whose task this worker cannot find, though another release of the project may
+    have it (a rolling deploy: a task added in the new release, claimed by a worker still on
+    the old code): it waits, and goes to whichever worker claims it next, for up to
+    ``grace`` seconds since its first attempt began; then None (it fails with TaskNotFound).
+    Neither charged nor an interruption: its body never began. Each wait is a quarter of the
+    time waited so far, from 1 s to 60 s."""
+    waited = (timezone.now() - job.started_at).total_seconds() if job.started_at else 0.0
+    if waited >= grace:
+        return None
+    delay = min(max(waited / 4, 1.0), 60.0)
+    return Finished(
+        job=job,
+        outcome=Outcome(id=job.id, attempt=job.attempt, status=JobStatus.SCHEDULED, retry_in=delay),
+        result=None,
+        duration=0.0,
+        retry_in=delay,
+        deferred=f"{missing} (waited {waited:.0f} s of {grace:g} s)",
+    )
+
+
+def _runnable_task(job: ClaimedJob, started: float, grace: float) -> Any:
+    """The job's task, bound as it was enqueued, with arguments it can take; or, if there is
+    none, the attempt's outcome: failed, or deferred for another worker."""
+    try:
+        task = bind_task(
+            resolve_task(job.task_path),
+            priority=job.priority,
+            queue_name=job.queue_name,
+            run_after=job.run_after,
+            backend=job.backend,
+        )
+        check_stored_arguments(job)
+    except Exception as exception:  # noqa: BLE001 - an unrunnable job fails, the worker goes on
+        if isinstance(exception, TaskNotFound) and exception.elsewhere:
+            deferred = deferred_for_another_worker(job, exception, grace)
+            if deferred is not None:
+                return deferred
+        return _failed(job, None, exception, started)
+    return task
+
+
 def run_job(
-    job: ClaimedJob, sender: type, cancellations: dict[Any, threading.Event] | None = None
+    job: ClaimedJob,
+    sender: type,
+    cancellations: dict[Any, threading.Event] | None = None,
+    *,
+    task_not_found_grace: float = 0.0,
 ) -> Finished:
     """Run one attempt of ``job`` in this thread and describe its outcome.
 
@@ -218,17 +307,9 @@ def run_job(
         return not_run(job)
     reset = False
     try:
-        try:
-            task = bind_task(
-                resolve_task(job.task_path),
-                priority=job.priority,
-                queue_name=job.queue_name,
-                run_after=job.run_after,
-                backend=job.backend,
-            )
-            check_stored_arguments(job)
-        except Exception as exception:  # noqa: BLE001 - an unrunnable job fails, the worker goes on
-            return _failed(job, None, exception, started)
+        task = _runnable_task(job, started, task_not_found_grace)
+        if isinstance(task, Finished):
+            return task
         result = make_result(
             task,
             job_id=job.id,
@@ -254,14 +335,16 @@ def run_job(
                 value = task.call(*job.args, **job.kwargs)
             # One look at this thread's connections: which the task left in a transaction,
             # and each made fit for the next job (closing one left open rolls it back).
-            left_open = reset_connections_after_job()
+            left_open = job_connections.after_job()
             reset = True
             if left_open:
                 raise TransactionLeftOpen(left_open)
         except BaseException as exception:  # noqa: BLE001 - SystemExit and friends fail the job only
-            return _failed(
-                job, result, exception, started, task, cancellation=cancellations.get(job.id)
-            )
+            asked = cancellations.get(job.id)
+            lost = lost_connection(exception)
+            if lost is not None and not (asked is not None and asked.is_set()):
+                return interrupted(job, result, exception, lost, started)
+            return _failed(job, result, exception, started, task, cancellation=asked)
         try:
             value = normalize_return_value(value)
         except (TypeError, ValueError) as exception:
@@ -282,44 +365,4 @@ def run_job(
         )
     finally:
         if not reset:
-            reset_connections_after_job()
-
-
-def _left_open(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection`` (open) is still inside a transaction."""
-    return connection.in_atomic_block or not connection.get_autocommit()
-
-
-def reset_connections_after_job() -> list[str]:
-    """Make this thread's connections fit for the next job, without reconnecting needlessly;
-    return the aliases of those the job left inside a transaction.
-
-    A connection left inside a transaction (or with autocommit off) is closed, which rolls the
-    transaction back; one that saw errors is kept only if it still answers. Healthy connections
-    are reused across jobs whatever ``CONN_MAX_AGE`` says: a worker thread is a long request.
-    """
-    left_open = []
-    for connection in connections.all(initialized_only=True):
-        if connection.connection is None:
-            continue
-        if _left_open(connection):
-            left_open.append(connection.alias)
-            abandoned = True
-        else:
-            abandoned = connection.closed_in_transaction
-        try:
-            if abandoned:
-                # Forget the job's transaction, then its connection: closing rolls it back.
-                connection.in_atomic_block = False
-                connection.closed_in_transaction = False
-                connection.close()
-            elif connection.errors_occurred:
-                if connection.is_usable():
-                    connection.errors_occurred = False
-                else:
-                    connection.close()
-        except DatabaseError:
-            pass
-        if abandoned or connection.errors_occurred:
-            connection.connection = None  # whatever happened above, reconnect on next use
-    return left_open
+            job_connections.after_job()

@@ -16,10 +16,11 @@ from typing import Any
 from django.tasks.exceptions import InvalidTask
 
 from stalwart import events
+from stalwart.binding import check_entry
 from stalwart.conf import Options, SchedulerOptions
 from stalwart.exceptions import TaskNotFound
 from stalwart.processes.base import FAILED, Role
-from stalwart.ticks import check_entry, database_now, enqueue_tick, last_runs
+from stalwart.ticks import database_now, enqueue_tick, last_runs
 
 # Woken a little after a tick is due rather than before (this host's monotonic clock and the
 # database's may tick a hair apart): a poll just before the tick would find nothing due.

@@ -24,14 +24,18 @@ from typing import Any
 
 from stalwart import events
 from stalwart.conf import Options
-from stalwart.db import Death
 from stalwart.db.deadline import deadline
 from stalwart.db.retry import lost_connections_to_the_caller
 from stalwart.processes import systemd
 from stalwart.processes.base import EXIT_CRASHED, EXIT_FENCED, EXIT_RECYCLE, Role
-from stalwart.processes.forking import Forked, end_group, ended_on_its_own, fork_child
+from stalwart.processes.forking import Forked, Report, end_group, fork_child, report
 from stalwart.processes.outage import DatabaseFailure
-from stalwart.processes.registry import prune_under_lease, remove_reaped_child
+from stalwart.processes.registry import (
+    prune_under_lease,
+    remove_reaped_child,
+    report_given_back,
+)
+from stalwart.processes.verdicts import Verdict
 
 # How long a child must live for its next death to count as a fresh start, not a crash loop.
 HEALTHY_LIFETIME = 30.0
@@ -43,6 +47,29 @@ MIN_RECYCLE_LIFETIME = 5.0
 SHUTDOWN_GRACE = 5.0
 # How long what a dead child's jobs started gets between TERM and KILL.
 GROUP_GRACE = 2.0
+# How long a process group may outlive its KILL before its jobs are given back all the same
+# (a process stuck in the kernel: KILLed, it runs no code of its own any more).
+GROUP_GONE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CleanUp:
+    """A dead child whose row and jobs are still to be dealt with."""
+
+    pid: int
+    how: str  # how it ended, in words ("was killed by SIGKILL")
+    kind: str
+    expected: bool  # an end it was asked for (a stop, a recycle), not a death
+    report: Report  # what it said on its status pipe
+
+
+@dataclass
+class GroupEnd:
+    """What is left of a dead child's process group: KILLed at ``kill_at``; once KILLed,
+    waited for until ``give_up_at``."""
+
+    kill_at: float
+    give_up_at: float | None = None
 
 
 @dataclass
@@ -91,12 +118,14 @@ class Supervisor(Role):
         self._next_watchdog = 0.0
         # Every row id we have had (a long outage may have made us register again).
         self._ids: set[int] = set()
-        # Dead children whose rows the database has not let us remove yet.
-        self._pending_clean_ups: list[tuple[int, str, str, bool, Death]] = []
+        # Dead children whose rows and jobs are not dealt with yet: each waits for its process
+        # group to be empty, then for the database.
+        self._pending_clean_ups: list[CleanUp] = []
         # Children collected (waitpid) and not yet handled: (pid, status).
         self._collected: deque[tuple[int, int]] = deque()
-        # Process groups of dead children, and when to KILL what is left in them.
-        self._groups: dict[int, float] = {}
+        # Process groups of dead children still holding processes: when to KILL them (then,
+        # when to give up waiting for them to be gone).
+        self._groups: dict[int, GroupEnd] = {}
         # A call to the database that takes longer has met a stalled link: it is cut.
         self._call_deadline = config.statement_timeout + 2.0
         self._database_retry_at = 0.0  # while an outage backs off: when to try again
@@ -143,7 +172,10 @@ class Supervisor(Role):
 
     def _sleep_time(self) -> float:
         now = time.monotonic()
-        deadlines = [self._next_beat, *self._groups.values()]
+        deadlines = [
+            self._next_beat,
+            *(end.give_up_at or end.kill_at for end in self._groups.values()),
+        ]
         deadlines += [slot.restart_at for slot in self.slots if slot.pid is None]
         if self._pending_clean_ups:
             deadlines.append(self._database_retry_at)
@@ -252,61 +284,73 @@ class Supervisor(Role):
             self._child_exited(pid, status, slot)
 
     def _clean_up_all(self) -> None:
-        """Release what dead children held and drop their rows, oldest first. The child is
-        dead for sure, so releasing its jobs late is still safe; a failure (an outage)
-        leaves the rest for a later turn."""
+        """Release what dead children held and drop their rows, oldest first, each once its
+        process group is empty (nothing of the child may run when its jobs go back). The
+        child is dead for sure, so releasing its jobs late is still safe; a failure (an
+        outage) leaves the rest for a later turn."""
         while self._pending_clean_ups:
-            self._clean_up_after(*self._pending_clean_ups[0])
-            self._pending_clean_ups.pop(0)
+            ready = next(
+                (entry for entry in self._pending_clean_ups if entry.pid not in self._groups),
+                None,
+            )
+            if ready is None:
+                return
+            self._clean_up_after(ready)
+            self._pending_clean_ups.remove(ready)
 
-    def _clean_up_after(
-        self, pid: int, how: str, kind: str, expected: bool = False, death: Death = Death.CRASH
-    ) -> None:
+    def _clean_up_after(self, entry: CleanUp) -> None:
         with deadline(self.database, self._call_deadline):
             gone = remove_reaped_child(
                 self.database,
                 supervisors=sorted(self._ids),
-                pid=pid,
-                cause=f"died: it {how}",
-                death=death,
+                pid=entry.pid,
+                cause=f"{'ended' if entry.report.ended else 'died'}: it {entry.how}",
+                told=Verdict.from_data(entry.report.verdict),
+                ended=entry.report.ended,
             )
+        for process in gone:
+            report_given_back(process.released, process=process.name)
         released = [job for process in gone for job in process.released]
         events.emit(
-            "child_exited" if expected else "process_exited",
-            kind=kind,
-            pid=pid,
-            how=how,
+            "child_exited" if entry.expected else "process_exited",
+            kind=entry.kind,
+            pid=entry.pid,
+            how=entry.how,
             released=sum(1 for job in released if not job.failed),
             failed=sum(1 for job in released if job.failed),
         )
 
     def _end_groups(self, *, now: bool = False) -> None:
-        """KILL what is left in dead children's process groups once their grace is over."""
+        """KILL what is left in dead children's process groups once their grace is over, and
+        forget a group once nothing is left in it (or it outlived the KILL for too long: a
+        process stuck in the kernel, which runs no code of its own any more)."""
         moment = time.monotonic()
-        for pgid, kill_at in list(self._groups.items()):
-            if now or moment >= kill_at or not end_group(pgid, 0):
+        for pgid, end in list(self._groups.items()):
+            if not end_group(pgid, 0):
+                del self._groups[pgid]  # empty
+            elif end.give_up_at is None and (now or moment >= end.kill_at):
                 end_group(pgid, signal.SIGKILL)
+                end.give_up_at = moment + GROUP_GONE_TIMEOUT
+            elif end.give_up_at is not None and moment >= end.give_up_at:
+                events.emit("process_group_lingers", pgid=pgid, after=GROUP_GONE_TIMEOUT)
                 del self._groups[pgid]
 
     def _child_exited(self, pid: int, status: int, slot: ChildSlot | None) -> None:
         how = describe_exit(status)
         code = os.waitstatus_to_exitcode(status)
         kind = slot.kind if slot else "unknown"
-        # It fenced itself, or its role returned: jobs it left running were given up on
-        # purpose, not the cause of its end. Otherwise it died (a signal, a crash, a task's
-        # exit, its heartbeat's deadline while a task held the GIL).
-        on_its_own = slot is not None and slot.forked is not None and ended_on_its_own(slot.forked)
-        expected = on_its_own and (
+        # What it said before it ended: whether its role returned (jobs it left running were
+        # given up on purpose), and its verdict on a death (whose doing it would be).
+        said = report(slot.forked) if slot is not None and slot.forked is not None else Report()
+        expected = said.ended and (
             code == EXIT_RECYCLE or (self.stop_requested and code in (0, EXIT_FENCED))
         )
-        # Whatever its jobs started does not outlive it.
+        # Whatever its jobs started does not outlive it, and its jobs wait until it is gone.
         if end_group(pid, signal.SIGTERM):
-            self._groups[pid] = time.monotonic() + GROUP_GRACE
+            self._groups[pid] = GroupEnd(kill_at=time.monotonic() + GROUP_GRACE)
         # Its row and jobs are dealt with in the loop's database turn: reaping never waits on
         # the database.
-        self._pending_clean_ups.append(
-            (pid, how, kind, expected, Death.NONE if on_its_own else Death.CRASH)
-        )
+        self._pending_clean_ups.append(CleanUp(pid, how, kind, expected, said))
         if slot is None:
             return
         lived = time.monotonic() - slot.started_at
@@ -335,7 +379,7 @@ class Supervisor(Role):
         now = time.monotonic()
         # A dead child's clean-up goes by (supervisor, pid): no new child until it is done,
         # so a reused pid can never be taken for the dead one.
-        pending = {entry[0] for entry in self._pending_clean_ups}
+        pending = {entry.pid for entry in self._pending_clean_ups}
         for slot in self.slots:
             if slot.pid is None and now >= slot.restart_at and slot.last_pid not in pending:
                 self._start(slot)
@@ -361,7 +405,8 @@ class Supervisor(Role):
             f"waiting up to {self.config.shutdown_timeout:g} s for the workers' running jobs "
             "to finish"
         )
-        stop_by = time.monotonic() + self.config.shutdown_timeout + SHUTDOWN_GRACE
+        stopping = time.monotonic()
+        stop_by = stopping + self.config.shutdown_timeout + SHUTDOWN_GRACE
         while any(slot.pid for slot in self.slots):
             self._reap()
             if not any(slot.pid for slot in self.slots):
@@ -377,17 +422,29 @@ class Supervisor(Role):
             self._ping_watchdog()
             self._database_turn(chores=False)  # our row alive while the children drain
             self.waker.wait(0.2)
-        group_grace_over = time.monotonic() + GROUP_GRACE
-        while self._groups and time.monotonic() < group_grace_over:
+        # What the children's jobs started got TERM at each death, and KILL after a grace:
+        # their jobs go back once it is gone.
+        while self._groups:
             self._end_groups()
             if self._groups:
                 self.waker.wait(0.1)
-        self._end_groups(now=True)
-        give_up_at = time.monotonic() + 30
-        while self._pending_clean_ups and time.monotonic() < give_up_at:
+        # The clean-ups get what is left of the documented bound (and one try at least); what
+        # the database will not take by then is a prune's to do, once the rows fall silent.
+        give_up_at = stopping + self.config.shutdown_timeout + SHUTDOWN_GRACE
+        while self._pending_clean_ups:
             self._database_retry_at = 0.0  # no backoff left to respect: we are leaving
             self._database_turn(chores=False)
-            if self._pending_clean_ups:
-                self.waker.wait(1.0)
+            if not self._pending_clean_ups or time.monotonic() >= give_up_at:
+                break
+            self.waker.wait(min(1.0, max(give_up_at - time.monotonic(), 0.0)))
+        if self._pending_clean_ups:
+            events.emit(
+                "clean_up_left",
+                process=self.name,
+                children=len(self._pending_clean_ups),
+                error=self.outage.error,
+                reason="the database could not be reached before the stop's bound: their "
+                "rows are pruned, and their jobs given back, once they are silent",
+            )
         if self.fenced_reason is not None:
             self.exit_status = EXIT_FENCED

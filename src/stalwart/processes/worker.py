@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db import connections
 
-from stalwart import events
+from stalwart import catalog, events
 from stalwart.conf import Options, WorkerOptions
 from stalwart.control import paused_queues
 from stalwart.db import ClaimedJob
@@ -36,6 +36,7 @@ from stalwart.processes.chores import Chores
 from stalwart.processes.listener import Listener
 from stalwart.processes.outcomes import ClaimRequest, OutcomeWriter
 from stalwart.processes.pool import JobPool
+from stalwart.processes.reporter import Reporter
 from stalwart.processes.runner import (
     Finished,
     crashed_attempt,
@@ -44,6 +45,7 @@ from stalwart.processes.runner import (
     not_run,
     run_job,
 )
+from stalwart.processes.verdicts import suspected
 from stalwart.resolution import resolve_task
 
 PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker does them itself
@@ -115,12 +117,31 @@ class Worker(Role):
         # chores) asks the database nothing else.
         self._look = True
         self._next_poll = 0.0
+        # Why memory made us recycle, and the jobs that ran then (see _recycle_due).
+        self._memory_suspects: tuple[str, list[Any]] | None = None
         self.deadlines: dict[Any, tuple[float, float]] = {}  # job id -> (deadline, timeout)
         self.timed_out: dict[Any, float] = {}  # job id -> its timeout
         from stalwart.backend import StalwartBackend
 
         self._sender = StalwartBackend
-        self.outcomes = OutcomeWriter(self.store, process=self.name, sender=StalwartBackend)
+        # Django's task_finished receivers run there, never on the loop that proves us alive.
+        self.reporter = Reporter(process=self.name)
+        # How often our loop found the database failing, and that count when each job we
+        # hold was claimed: a job that lost its connection meanwhile was interrupted by it.
+        self._outages = 0
+        self._outages_at_claim: dict[Any, int] = {}
+        self.outcomes = OutcomeWriter(
+            self.store,
+            process=self.name,
+            sender=StalwartBackend,
+            deliver=self.reporter.submit,
+            outage_seen=lambda item: self._outages > self._outages_at_claim.get(item.job.id, 0),
+        )
+
+    def prepare(self) -> None:
+        # The project's task modules, imported before the process registers: an import that
+        # takes long (or hangs) holds up the start, never a heartbeat.
+        catalog.load()
 
     @property
     def abandoned_threads(self) -> bool:
@@ -217,6 +238,7 @@ class Worker(Role):
             )
             self._listener.start()
         self.pool.start()
+        self.reporter.start()
         try:
             while not self.stop_requested:
                 # The database away: outcomes wait, the loop backs off and carries on.
@@ -227,6 +249,9 @@ class Worker(Role):
                     # The backoff may have swallowed a wake-up (a notification, a finished
                     # job): the next round looks, whatever failed in this one.
                     self._look = True
+                    # And the job threads' connections may have died with ours.
+                    self._outages += 1
+                    self.pool.suspicion.suspect()
                 elif not more:
                     woken = self.pause(self._wait_time())
                     self._gather()
@@ -254,6 +279,7 @@ class Worker(Role):
             self._read_pauses()
         if self.chores is not None:
             self.chores.run_due(exclude=self.registration.id)
+        self.reporter.check()
         if self._recycle_due() or self._check_timeouts():
             self.flush()
             self.exit_status = EXIT_RECYCLE
@@ -268,7 +294,7 @@ class Worker(Role):
                 selector=self.selector, paused=self._paused
             )
             self._next_pause_check = now + PAUSE_CHECK_INTERVAL
-        idle = self.pool.idle
+        idle = 0 if self.suspended else self.pool.idle  # overdue heartbeats: claim nothing
         alone = self.pool.busy == 0
         if not alone and (self._isolated_waiting or self._running_isolated()):
             idle = 0  # an isolated job runs alone: none beside it, and none beside one waiting
@@ -338,7 +364,12 @@ class Worker(Role):
                     process=self.name,
                 )
         if unknown:
-            released = self.store.release(owner=self.registration.id, jobs=unknown)
+            released = self.store.release(
+                owner=self.registration.id,
+                jobs=unknown,
+                cause="its claim committed but the answer was lost; given back unstarted",
+                process=self.name,
+            )
             events.emit("jobs_reconciled", process=self.name, count=len(released))
 
     def _check_timeouts(self) -> bool:
@@ -371,6 +402,12 @@ class Worker(Role):
         self._next_memory_check = now + MEMORY_CHECK_INTERVAL
         rss_mb = self.resident_memory() / 1024 / 1024
         if rss_mb > limit:
+            # Should the process end with some of these still running, they are the
+            # suspects: the memory may be theirs.
+            self._memory_suspects = (
+                f"its memory ({round(rss_mb)} MB) went over max_memory_mb ({limit})",
+                [job.id for job in self.held.values()],
+            )
             events.emit(
                 "worker_recycling",
                 process=self.name,
@@ -383,7 +420,12 @@ class Worker(Role):
 
     def _run_job(self, job: ClaimedJob) -> Finished:
         events.emit("job_started", job=job.id, task=job.task_path, attempt=job.attempt)
-        return run_job(job, self._sender, self.cancellations)
+        return run_job(
+            job,
+            self._sender,
+            self.cancellations,
+            task_not_found_grace=self.config.task_not_found_grace,
+        )
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -421,7 +463,12 @@ class Worker(Role):
             self.registration.id, (extra or []) + finished, claim=request, hold=hold
         )
         for item in settled:
+            if self.held.get(item.job.id) is not item.job:
+                # Given back, and claimed again by this same flush: the id is now a new
+                # attempt's, which runs.
+                continue
             self.held.pop(item.job.id, None)
+            self._outages_at_claim.pop(item.job.id, None)
             self.cancellations.pop(item.job.id, None)
             self.deadlines.pop(item.job.id, None)
             self.timed_out.pop(item.job.id, None)  # it finished after all: that result stands
@@ -437,6 +484,7 @@ class Worker(Role):
         runnable = []
         for job in jobs:
             self.held[job.id] = job
+            self._outages_at_claim[job.id] = self._outages
             if job.cancel_requested_at is not None:
                 # Asked to stop during an earlier attempt: it never starts another.
                 self._not_run.append(not_run(job))
@@ -494,23 +542,40 @@ class Worker(Role):
                 f"running {jobs} to finish"
             )
         deadline = time.monotonic() + self.config.shutdown_timeout
-        while not self.immediate and self.fenced_reason is None:
+        while not self.immediate:
             self._flush_at_stop()
-            # Held, and neither past its timeout nor finished (its outcome waiting to be
-            # written): queued or running in a thread.
-            unwritten = {item.job.id for item in self.outcomes.unwritten}
-            still_running = set(self.held) - set(self.timed_out) - unwritten
+            # Held, and not past its timeout: queued or running in a thread, or finished
+            # with its outcome still to be written (waiting on an application's lock, or
+            # on the database): within the timeout, it is written, never run again.
+            waiting = set(self.held) - set(self.timed_out)
             remaining = deadline - time.monotonic()
-            if not still_running or remaining <= 0:
+            if not waiting or remaining <= 0:
                 break
             self._show_state()
-            self.pause(min(remaining, 1.0))
-        if self.fenced_reason is None:
-            self._flush_at_stop()
+            # A finished body's outcome is tried again every half second; otherwise the
+            # loop wakes when a job finishes.
+            self.pause(min(remaining, 0.5 if self.outcomes.unwritten else 1.0))
+        # Fenced or not, what finished is written: a write is fenced on owner and attempt,
+        # so it goes through exactly when nobody has taken the job (never run again for
+        # bookkeeping's sake).
+        self._flush_at_stop()
+        self._name_suspects()
+        # The reports of what was written, within what is left of the shutdown timeout.
+        self.reporter.drain(max(deadline - time.monotonic(), 0.0 if self.immediate else 1.0))
         if self._listener is not None:
             self._listener.stop()
             self._listener.join(2.0)
         self.pool.stop(wait=False)
+
+    def _name_suspects(self) -> None:
+        """Ending with jobs still running after the memory went over its limit: those that
+        ran then are the suspects of this end (the others are interrupted)."""
+        if self._memory_suspects is None or not self.pool.busy:
+            return
+        cause, jobs = self._memory_suspects
+        running = [job for job in jobs if job in self.held]
+        if running:
+            self.give_verdict(suspected(cause, running))
 
     def _flush_at_stop(self) -> None:
         try:
@@ -526,7 +591,7 @@ class Worker(Role):
 
         Jobs whose threads still run are not given back here: whoever is sure this process
         has ended does that (its supervisor once it reaps it, or a prune), uncharged."""
-        if self.fenced_reason is not None or not self.held:
+        if not self.held:
             return
         try:
             self._write_timeouts()
@@ -548,7 +613,13 @@ class Worker(Role):
         if not idle:
             return
         try:
-            released = self.store.release(owner=self.registration.id, jobs=idle)
+            released = self.store.release(
+                owner=self.registration.id,
+                jobs=idle,
+                cause="its worker stopped "
+                + ("at once" if self.immediate else "before the job could run or be written"),
+                process=self.name,
+            )
         except Exception as error:  # noqa: BLE001 - given back once this process is gone
             events.emit(
                 "release_failed",

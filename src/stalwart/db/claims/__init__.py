@@ -8,8 +8,10 @@ its ``WHERE`` clause (a finish or release on status, owner and attempt), so a la
 never overwrites a newer attempt.
 """
 
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from stalwart.db.decoding import decode_rows
@@ -20,6 +22,7 @@ from stalwart.db.rows import (
     INSERT_CONSTANTS,
     ClaimedJob,
     Death,
+    Interruption,
     NewJob,
     Outcome,
     Released,
@@ -33,6 +36,9 @@ def like_prefix(prefix: str) -> str:
     return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
+# The error of a job charged for interruptions past its ``max_interruptions``.
+JOB_INTERRUPTED = "stalwart.exceptions.JobInterrupted"
+
 # The states in which a job waits for something other than a worker (its time, a slot).
 _WAITING = "'scheduled', 'blocked'"
 
@@ -41,6 +47,111 @@ _WAITING = "'scheduled', 'blocked'"
 NO_LIVE_OWNER = """
     AND (candidate.owner IS NULL OR NOT EXISTS (
         SELECT 1 FROM stalwart_process AS holder WHERE holder.id = candidate.owner))"""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A running job being given back, as a database that decides in Python reads it."""
+
+    id: uuid.UUID
+    attempt: int
+    failed: int  # errors so far: attempts charged
+    interrupted: int  # interruptions so far
+    max_attempts: int
+    max_interruptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """What becomes of one job given back (see ``Death``): charged (``error``, JSON of the
+    error to append) or interrupted (``interruption``, JSON of the entry to append),
+    failed for good or not, isolated or not."""
+
+    charged: bool
+    fails: bool
+    isolate: bool
+    error: str | None
+    interruption: str | None
+
+
+def judge(
+    held: Sequence[Held],
+    *,
+    suspected: Callable[[Held], bool],
+    error_class: Callable[[Held], str],
+    exhausted_class: Callable[[Held], str],
+    error_text: Callable[[Held], str],
+    cause: Callable[[Held], str],
+    process: str,
+    moment: str,
+) -> dict[uuid.UUID, GiveBack]:
+    """Who pays, job by job, as PostgreSQL's ``_GIVE_BACK`` decides it in SQL: one suspect
+    alone is blamed (charged, isolated); several are isolated and not blamed; a job not
+    blamed is interrupted, unless it has used up its free interruptions (then charged)."""
+    suspects = sum(1 for job in held if suspected(job))
+    verdicts = {}
+    for job in held:
+        blamed = suspected(job) and suspects == 1
+        charged = blamed or job.interrupted >= job.max_interruptions
+        entry: dict[str, Any] = {"attempt": job.attempt, "at": moment, "process": process}
+        verdicts[job.id] = GiveBack(
+            charged=charged,
+            fails=charged and job.failed + 1 >= job.max_attempts,
+            isolate=suspected(job),
+            error=json.dumps(
+                {
+                    "exception_class_path": error_class(job) if blamed else exhausted_class(job),
+                    "traceback": error_text(job),
+                    **entry,
+                }
+            )
+            if charged
+            else None,
+            interruption=None if charged else json.dumps({**entry, "cause": cause(job)}),
+        )
+    return verdicts
+
+
+def judge_given(
+    held: Sequence[Held], jobs: Sequence[Interruption], *, process: str, moment: str
+) -> dict[uuid.UUID, GiveBack]:
+    """``judge`` for jobs a live process gives back (``release``): interruptions, each with
+    its own cause and error."""
+    given = {job.id: job for job in jobs}
+    return judge(
+        held,
+        suspected=lambda job: False,
+        error_class=lambda job: given[job.id].error_class,
+        exhausted_class=lambda job: given[job.id].error_class,
+        error_text=lambda job: given[job.id].error,
+        cause=lambda job: given[job.id].cause,
+        process=process,
+        moment=moment,
+    )
+
+
+def judge_owner(
+    held: Sequence[Held],
+    *,
+    death: Death,
+    suspects: Sequence[uuid.UUID] | None,
+    error_class: str,
+    error_text: str,
+    process: str,
+    moment: str,
+) -> dict[uuid.UUID, GiveBack]:
+    """``judge`` for the jobs of a process that is gone (``release_owner``)."""
+    named = {str(job_id) for job_id in suspects or ()}
+    return judge(
+        held,
+        suspected=lambda job: death == Death.CRASH and (suspects is None or str(job.id) in named),
+        error_class=lambda job: error_class,
+        exhausted_class=lambda job: JOB_INTERRUPTED,
+        error_text=lambda job: error_text,
+        cause=lambda job: error_text,
+        process=process,
+        moment=moment,
+    )
 
 
 class Claims(Dialect):
@@ -126,6 +237,7 @@ class Claims(Dialect):
             job.concurrency_duration,
             job.unique_key,
             job.unique_while_running,
+            job.max_interruptions,
         ]
 
     def insert_unique(self, cursor: Any, job: NewJob, notify: bool) -> bool:
@@ -173,16 +285,25 @@ class Claims(Dialect):
         raise NotImplementedError
 
     def release(
-        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[uuid.UUID, int]], notify: bool
+        self,
+        cursor: Any,
+        *,
+        owner: int,
+        jobs: Sequence[Interruption],
+        notify: bool,
+        process: str = "",
     ) -> list[Released]:
-        """Put jobs we hold back to waiting (graceful stop) and hand on the concurrency slots
-        they gave up; return what became of each. Call inside a transaction."""
-        released = self.release_rows(cursor, owner=owner, jobs=jobs)
+        """Give back jobs we hold, whose attempts were interrupted (a stop, a lost claim
+        answer, a lost connection), and hand on the concurrency slots they gave up; return
+        what became of each. Each interruption is recorded; a job that has used up its
+        ``max_interruptions`` is charged instead (see ``Death``). Call inside a
+        transaction."""
+        released = self.release_rows(cursor, owner=owner, jobs=jobs, process=process)
         self.hand_on_slots(cursor, released, notify=notify)
         return released
 
     def release_rows(
-        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[uuid.UUID, int]]
+        self, cursor: Any, *, owner: int, jobs: Sequence[Interruption], process: str = ""
     ) -> list[Released]:
         """``release`` without the hand-on of slots, which must follow in the transaction."""
         raise NotImplementedError
@@ -196,20 +317,30 @@ class Claims(Dialect):
         error_text: str,
         notify: bool,
         death: Death = Death.CRASH,
+        suspects: Sequence[uuid.UUID] | None = None,
+        process: str = "",
     ) -> list[Released]:
         """Take back every job a process that is gone held, and hand on the concurrency slots
         they gave up. Call inside a transaction.
 
-        Who is charged depends on ``death`` (see ``Death``). A charged job gets the death as
-        an error (``error_class``, ``error_text``), and is failed if its failed attempts,
-        this one included, reach ``max_attempts``; otherwise it goes to the back of its
-        queue's line (``available_at`` now), so that a job which keeps killing workers does
-        not keep coming first. The others keep their place. A process that ended on its own
-        gives its jobs back uncharged, as a graceful release (``release``) does, so jobs
-        given back at each deploy are never failed for it.
+        Who is charged depends on ``death`` (see ``Death``): with ``Death.CRASH``, the
+        ``suspects`` (None: every job held) are those that may have caused it. A charged job
+        gets the death as an error (``error_class``, ``error_text``), and is failed if its
+        failed attempts, this one included, reach ``max_attempts``; otherwise it goes to the
+        back of its queue's line (``available_at`` now), so that a job which keeps killing
+        workers does not keep coming first. The others keep their place, with the death
+        recorded as an interruption (``error_text`` its cause); one that has used up its
+        ``max_interruptions`` is charged after all (``JobInterrupted``). ``process``: the
+        name of the process, recorded with each entry.
         """
         released = self.release_owner_rows(
-            cursor, owner=owner, error_class=error_class, error_text=error_text, death=death
+            cursor,
+            owner=owner,
+            error_class=error_class,
+            error_text=error_text,
+            death=death,
+            suspects=suspects,
+            process=process,
         )
         self.hand_on_slots(cursor, released, notify=notify)
         return released
@@ -222,6 +353,8 @@ class Claims(Dialect):
         error_class: str,
         error_text: str,
         death: Death = Death.CRASH,
+        suspects: Sequence[uuid.UUID] | None = None,
+        process: str = "",
     ) -> list[Released]:
         """``release_owner`` without the hand-on of slots, which must follow in the
         transaction (after the other owners', when several are taken back at once)."""

@@ -35,13 +35,13 @@ MySQL's other differences sit with their concerns, in the module of each (``slot
 ``stalwart.db.mysql`` lists them.
 """
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
-from stalwart.db.claims import NO_LIVE_OWNER, Claims
+from stalwart.db.claims import NO_LIVE_OWNER, Claims, Held, judge_given, judge_owner
 from stalwart.db.decoding import decode_rows
 from stalwart.db.dialect import MYSQL_DUPLICATE_KEY, MYSQL_NOW, marks
 from stalwart.db.errors import mysql_errno
@@ -51,6 +51,7 @@ from stalwart.db.rows import (
     INSERT_CONSTANTS,
     ClaimedJob,
     Death,
+    Interruption,
     NewJob,
     Outcome,
     Released,
@@ -78,6 +79,11 @@ _ROW = (
 )
 _INSERT_INTO = f"INSERT INTO stalwart_job ({', '.join([*INSERT_COLUMNS, *INSERT_CONSTANTS])})"
 _CLAIM_SELECT = ", ".join(CLAIM_COLUMNS)
+
+
+def _moment() -> str:
+    """The time recorded in an error or interruption entry (the host's: for reading only)."""
+    return timezone.now().isoformat()
 
 
 class MySQLClaims(Claims):
@@ -243,57 +249,99 @@ class MySQLClaims(Claims):
                     written[job_id] = finished_at
         return written
 
-    def _held(self, cursor: Any, condition: str, params: list) -> list[dict]:
-        """Lock running jobs in id order; each as a dict of the columns a release needs."""
-        names = [
-            "id",
-            "attempt",
-            "unique_key",
-            "queue_name",
-            "concurrency_key",
-            "concurrency_duration",
-            "max_attempts",
-        ]
+    def _held(self, cursor: Any, condition: str, params: list) -> list[tuple[Held, dict]]:
+        """Lock running jobs in id order; each as the facts ``judge`` needs, and the columns
+        a release needs."""
+        names = ["unique_key", "queue_name", "concurrency_key", "concurrency_duration", "task_path"]
         cursor.execute(
-            f"SELECT {', '.join(names)}, JSON_LENGTH(errors) FROM stalwart_job "
+            "SELECT id, attempt, JSON_LENGTH(errors), JSON_LENGTH(interruptions), "
+            f"max_attempts, max_interruptions, {', '.join(names)} FROM stalwart_job "
             f"WHERE status = 'running' AND {condition} ORDER BY id FOR UPDATE",
             params,
         )
         return [
-            {**dict(zip(names, row, strict=False)), "id": self._uuid(row[0]), "failed": row[-1]}
+            (Held(self._uuid(row[0]), *row[1:6]), dict(zip(names, row[6:], strict=True)))
             for row in cursor.fetchall()
         ]
 
-    def release_rows(
-        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]
+    def _give_back(
+        self, cursor: Any, owner: int, held: list[tuple[Held, dict]], verdicts: dict
     ) -> list[Released]:
-        attempts = {self._uuid(job_id): attempt for job_id, attempt in jobs}
-        ids = [self.uuid_param(job_id) for job_id in sorted(attempts)]
         released = []
-        with self._atomic():
-            held = self._held(cursor, f"owner = %s AND id IN ({marks(ids)})", [owner, *ids])
-            taken: set[str] = set()
-            for job in held:
-                if attempts.get(job["id"]) != job["attempt"]:
-                    continue
-                status = "ready" if job["concurrency_duration"] is None else "blocked"
-                param = self.uuid_param(job["id"])
-                cursor.execute(
-                    "UPDATE stalwart_job SET status = %s, owner = NULL, unique_key = %s "
-                    "WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s",
-                    [
+        taken: set[str] = set()
+        for job, columns in held:
+            verdict = verdicts[job.id]
+            if verdict.fails:
+                status = "failed"
+            else:
+                status = "ready" if columns["concurrency_duration"] is None else "blocked"
+            param = self.uuid_param(job.id)
+            cursor.execute(
+                f"""
+                UPDATE stalwart_job
+                SET status = %s,
+                    finished_at = {MYSQL_NOW if verdict.fails else "NULL"},
+                    available_at = {MYSQL_NOW if verdict.charged else "available_at"},
+                    owner = NULL,
+                    isolated = isolated OR %s,
+                    unique_key = %s,
+                    errors = {
+                    "JSON_ARRAY_APPEND(errors, '$', JSON_EXTRACT(%s, '$'))"
+                    if verdict.error is not None
+                    else "errors"
+                },
+                    interruptions = {
+                    "JSON_ARRAY_APPEND(interruptions, '$', JSON_EXTRACT(%s, '$'))"
+                    if verdict.interruption is not None
+                    else "interruptions"
+                }
+                WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
+                """,
+                [
+                    status,
+                    verdict.isolate,
+                    self._key_after(cursor, param, columns["unique_key"], status, taken),
+                    *([verdict.error] if verdict.error is not None else []),
+                    *([verdict.interruption] if verdict.interruption is not None else []),
+                    param,
+                    owner,
+                    job.attempt,
+                ],
+            )
+            if cursor.rowcount:
+                released.append(
+                    Released(
+                        job.id,
                         status,
-                        self._key_after(cursor, param, job["unique_key"], status, taken),
-                        param,
-                        owner,
-                        job["attempt"],
-                    ],
-                )
-                if cursor.rowcount:
-                    released.append(
-                        Released(job["id"], status, job["queue_name"], job["concurrency_key"])
+                        columns["queue_name"],
+                        columns["concurrency_key"],
+                        columns["task_path"],
+                        verdict.charged,
                     )
+                )
         return released
+
+    def release_rows(
+        self, cursor: Any, *, owner: int, jobs: Sequence[Interruption], process: str = ""
+    ) -> list[Released]:
+        attempts = {self._uuid(job.id): job.attempt for job in jobs}
+        ids = [self.uuid_param(job_id) for job_id in sorted(attempts)]
+        with self._atomic():
+            held = [
+                (job, columns)
+                for job, columns in self._held(
+                    cursor, f"owner = %s AND id IN ({marks(ids)})", [owner, *ids]
+                )
+                if attempts.get(job.id) == job.attempt
+            ]
+            given = [
+                Interruption(self._uuid(job.id), job.attempt, job.cause, job.error_class, job.error)
+                for job in jobs
+            ]
+            verdicts = judge_given(
+                [job for job, _ in held], given, process=process, moment=_moment()
+            )
+            return self._give_back(cursor, owner, held, verdicts)
 
     def release_owner_rows(
         self,
@@ -303,51 +351,21 @@ class MySQLClaims(Claims):
         error_class: str,
         error_text: str,
         death: Death = Death.CRASH,
+        suspects: Sequence[Any] | None = None,
+        process: str = "",
     ) -> list[Released]:
-        error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
-        released = []
         with self._atomic():
             held = self._held(cursor, "owner = %s", [owner])
-            # Charged: every job (a silence), or a job that was alone (a crash), or none.
-            charged = death == Death.SILENCE or (death == Death.CRASH and len(held) == 1)
-            isolate = death == Death.CRASH  # a crash's suspects, the one charged too
-            taken: set[str] = set()
-            for job in held:
-                if charged and job["failed"] + 1 >= job["max_attempts"]:
-                    status = "failed"
-                else:
-                    status = "ready" if job["concurrency_duration"] is None else "blocked"
-                param = self.uuid_param(job["id"])
-                cursor.execute(
-                    f"""
-                    UPDATE stalwart_job
-                    SET status = %s,
-                        finished_at = {MYSQL_NOW if status == "failed" else "NULL"},
-                        available_at = {MYSQL_NOW if charged else "available_at"},
-                        owner = NULL,
-                        isolated = isolated OR %s,
-                        unique_key = %s,
-                        errors = {
-                        "JSON_ARRAY_APPEND(errors, '$', JSON_EXTRACT(%s, '$'))"
-                        if charged
-                        else "errors"
-                    }
-                    WHERE id = %s AND status = 'running' AND owner = %s
-                    """,
-                    [
-                        status,
-                        isolate,
-                        self._key_after(cursor, param, job["unique_key"], status, taken),
-                        *([error] if charged else []),
-                        param,
-                        owner,
-                    ],
-                )
-                if cursor.rowcount:
-                    released.append(
-                        Released(job["id"], status, job["queue_name"], job["concurrency_key"])
-                    )
-        return released
+            verdicts = judge_owner(
+                [job for job, _ in held],
+                death=death,
+                suspects=suspects,
+                error_class=error_class,
+                error_text=error_text,
+                process=process,
+                moment=_moment(),
+            )
+            return self._give_back(cursor, owner, held, verdicts)
 
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
         with self._atomic():

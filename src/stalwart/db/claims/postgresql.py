@@ -27,6 +27,7 @@ from stalwart.db.rows import (
     INSERT_CONSTANTS,
     ClaimedJob,
     Death,
+    Interruption,
     NewJob,
     Outcome,
     Released,
@@ -36,16 +37,16 @@ from stalwart.db.wakeups import CHANNEL, SCHEDULED_CHANNEL
 from stalwart.queues import QueuePattern
 
 SMALL_INSERT = 20  # rows up to which an insert sends VALUES rather than arrays
-# Another job released in the same statement with the same unique key and a smaller id.
-_SIBLING_IN_MINE = """
-    SELECT 1 FROM mine AS other_mine JOIN stalwart_job AS other ON other.id = other_mine.id
+# Another job given back in the same statement with the same unique key and a smaller id.
+_SIBLING_IN_VERDICT = """
+    SELECT 1 FROM verdict AS other_verdict JOIN stalwart_job AS other ON other.id = other_verdict.id
     WHERE other.unique_key = job.unique_key AND other.id < job.id"""
-_SIBLING_IN_HELD = """
-    SELECT 1 FROM held AS other_held JOIN stalwart_job AS other ON other.id = other_held.id
-    WHERE other.unique_key = job.unique_key AND other.id < job.id"""
-_LAST_ATTEMPT = "jsonb_array_length(job.errors) + 1 >= job.max_attempts"
-_CHARGED_AT_LAST_ATTEMPT = f"(charge.charged AND {_LAST_ATTEMPT})"
-_STATUS_AFTER_DEATH = f"CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
+# A job given back is charged if it is blamed (the one suspect of a death), or if it has used
+# up its free interruptions; charged at its last attempt, it has failed for good.
+_CHARGED = "(verdict.blamed OR verdict.exhausted)"
+# Whether a job has used up its free interruptions (read from the row before the update).
+_EXHAUSTED = "jsonb_array_length(held_job.interruptions) >= held_job.max_interruptions"
+_FAILS = f"({_CHARGED} AND jsonb_array_length(job.errors) + 1 >= job.max_attempts)"
 # The type of each column an insert writes, for the casts of its parameters.
 _COLUMN_TYPES = {
     "id": "uuid",
@@ -68,6 +69,8 @@ _COLUMN_TYPES = {
     "concurrency_duration": "float8",
     "unique_key": "text",
     "unique_while_running": "boolean",
+    "max_interruptions": "integer",
+    "interruptions": "jsonb",
 }
 _INSERT_TYPES = [_COLUMN_TYPES[name] for name in INSERT_COLUMNS]
 _INSERT_INTO = f"INSERT INTO stalwart_job ({', '.join([*INSERT_COLUMNS, *INSERT_CONSTANTS])})"
@@ -158,9 +161,38 @@ _WAKE_AND_LIST_RELEASED = f"""
                 SELECT pg_notify('{CHANNEL}', q)
                 FROM (SELECT DISTINCT queue_name AS q FROM released WHERE status = 'ready') AS qs
             )
-            SELECT id, status, queue_name, concurrency_key
+            SELECT id, status, queue_name, concurrency_key, task_path, charged
             FROM released, (SELECT count(*) FROM wake) AS woken
             """
+# Giving back running jobs (a stop, a death): each as its ``verdict`` row says (blamed, to
+# be isolated, the error and the cause), charged as the ``Death`` rules say, then the wake-up.
+_GIVE_BACK = f"""
+            released AS (
+                UPDATE stalwart_job AS job
+                SET status = CASE WHEN {_FAILS} THEN 'failed' ELSE {{waiting}} END,
+                    finished_at = CASE WHEN {_FAILS} THEN now() END,
+                    available_at = CASE WHEN {_CHARGED} THEN now() ELSE job.available_at END,
+                    owner = NULL,
+                    isolated = job.isolated OR verdict.isolate,
+                    {{unique_key}},
+                    errors = CASE WHEN {_CHARGED} THEN
+                        job.errors || jsonb_build_array(jsonb_build_object(
+                            'exception_class_path',
+                            CASE WHEN verdict.blamed THEN verdict.error_class
+                                 ELSE verdict.exhausted_class END,
+                            'traceback', verdict.error_text, 'attempt', job.attempt,
+                            'at', now(), 'process', %s::text))
+                        ELSE job.errors END,
+                    interruptions = CASE WHEN {_CHARGED} THEN job.interruptions ELSE
+                        job.interruptions || jsonb_build_array(jsonb_build_object(
+                            'attempt', job.attempt, 'cause', verdict.cause, 'at', now(),
+                            'process', %s::text))
+                        END
+                FROM verdict
+                WHERE job.id = verdict.id AND job.status = 'running' AND job.owner = %s
+                RETURNING job.id, job.status, job.queue_name, job.concurrency_key,
+                          job.task_path, {_CHARGED} AS charged
+            ),{_WAKE_AND_LIST_RELEASED}"""
 _RETURNING = ", ".join(f"job.{name}" for name in CLAIM_COLUMNS)
 # Rows written by finish_and_claim, in the claim's columns: their finish time stands in
 # last_attempted_at, the rest is NULL.
@@ -574,27 +606,49 @@ class PostgreSQLClaims(Claims):
         claimed = self.claimed_from_rows([row[1:] for row in rows if row[0] == "c"])
         return written, claimed
 
+    def _give_back(self) -> str:
+        return _GIVE_BACK.format(
+            waiting=self.status_after_release("job"),
+            unique_key=self.unique_key_leaving(
+                "job", f"CASE WHEN {_FAILS} THEN 'failed' ELSE 'ready' END", _SIBLING_IN_VERDICT
+            ),
+        )
+
     def release_rows(
-        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]
+        self, cursor: Any, *, owner: int, jobs: Sequence[Interruption], process: str = ""
     ) -> list[Released]:
-        status = self.status_after_release("job")
+        jobs = sorted(jobs, key=lambda job: job.id)
         cursor.execute(
             f"""
-            WITH mine AS MATERIALIZED (
-                SELECT job.id FROM stalwart_job AS job
-                JOIN unnest(%s::uuid[], %s::integer[]) AS held(id, attempt) ON held.id = job.id
-                WHERE job.status = 'running' AND job.owner = %s AND job.attempt = held.attempt
+            WITH given AS MATERIALIZED (
+                SELECT * FROM unnest(%s::uuid[], %s::integer[], %s::text[], %s::text[],
+                                     %s::text[])
+                    AS g(id, attempt, cause, error_class, error_text)
+            ),
+            mine AS MATERIALIZED (
+                SELECT job.id FROM stalwart_job AS job JOIN given ON given.id = job.id
+                WHERE job.status = 'running' AND job.owner = %s AND job.attempt = given.attempt
                 ORDER BY job.id
                 FOR UPDATE OF job
             ),
-            released AS (
-                UPDATE stalwart_job AS job
-                SET status = {status}, owner = NULL,
-                    {self.unique_key_leaving("job", "'ready'", _SIBLING_IN_MINE)}
-                FROM mine WHERE job.id = mine.id AND job.status = 'running' AND job.owner = %s
-                RETURNING job.id, job.status, job.queue_name, job.concurrency_key
-            ),{_WAKE_AND_LIST_RELEASED}""",
-            [[job_id for job_id, _ in jobs], [attempt for _, attempt in jobs], owner, owner],
+            verdict AS MATERIALIZED (
+                SELECT given.id, false AS blamed, {_EXHAUSTED} AS exhausted, false AS isolate,
+                       given.cause, given.error_class AS exhausted_class, given.error_class,
+                       given.error_text
+                FROM given JOIN mine ON mine.id = given.id
+                JOIN stalwart_job AS held_job ON held_job.id = given.id
+            ),{self._give_back()}""",
+            [
+                [job.id for job in jobs],
+                [job.attempt for job in jobs],
+                [job.cause for job in jobs],
+                [job.error_class for job in jobs],
+                [job.error for job in jobs],
+                owner,
+                process,
+                process,
+                owner,
+            ],
         )
         return [Released(*row) for row in cursor.fetchall()]
 
@@ -606,8 +660,11 @@ class PostgreSQLClaims(Claims):
         error_class: str,
         error_text: str,
         death: Death = Death.CRASH,
+        suspects: Sequence[Any] | None = None,
+        process: str = "",
     ) -> list[Released]:
-        waiting = self.status_after_release("job")
+        everyone = death == Death.CRASH and suspects is None
+        named = list(suspects or []) if death == Death.CRASH else []
         cursor.execute(
             f"""
             WITH held AS MATERIALIZED (
@@ -616,34 +673,32 @@ class PostgreSQLClaims(Claims):
                 ORDER BY id
                 FOR UPDATE
             ),
-            -- Charged: every job (a silence), or a job that was alone (a crash), or none.
-            charge AS MATERIALIZED (
-                SELECT %s::boolean OR (%s::boolean AND count(*) = 1) AS charged FROM held
+            suspect AS MATERIALIZED (
+                SELECT id, %s::boolean OR id = ANY(%s::uuid[]) AS suspected FROM held
             ),
-            released AS (
-                UPDATE stalwart_job AS job
-                SET status = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed'
-                                  ELSE {waiting} END,
-                    finished_at = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN now() END,
-                    available_at = CASE WHEN charge.charged THEN now() ELSE job.available_at END,
-                    owner = NULL,
-                    isolated = job.isolated OR %s::boolean,
-                    {self.unique_key_leaving("job", _STATUS_AFTER_DEATH, _SIBLING_IN_HELD)},
-                    errors = CASE WHEN charge.charged THEN
-                        job.errors || jsonb_build_array(jsonb_build_object(
-                            'exception_class_path', %s::text, 'traceback', %s::text))
-                        ELSE job.errors END
-                FROM held, charge
-                WHERE job.id = held.id AND job.status = 'running' AND job.owner = %s
-                RETURNING job.id, job.status, job.queue_name, job.concurrency_key
-            ),{_WAKE_AND_LIST_RELEASED}""",
+            -- One suspect alone is blamed; several are each isolated, and not blamed.
+            verdict AS MATERIALIZED (
+                SELECT suspect.id,
+                       suspect.suspected AND tally.suspects = 1 AS blamed,
+                       {_EXHAUSTED} AS exhausted,
+                       suspect.suspected AS isolate,
+                       %s::text AS cause, %s::text AS error_class, %s::text AS error_text,
+                       'stalwart.exceptions.JobInterrupted'::text AS exhausted_class
+                FROM suspect
+                JOIN stalwart_job AS held_job ON held_job.id = suspect.id
+                CROSS JOIN (
+                    SELECT count(*) FILTER (WHERE suspected) AS suspects FROM suspect
+                ) AS tally
+            ),{self._give_back()}""",
             [
                 owner,
-                death == Death.SILENCE,
-                death == Death.CRASH,
-                death == Death.CRASH,
+                everyone,
+                named,
+                error_text,
                 error_class,
                 error_text,
+                process,
+                process,
                 owner,
             ],
         )

@@ -7,15 +7,22 @@ it never has to upgrade a read lock. The host clock stands in for the database c
 lives on one host.
 """
 
-import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from stalwart.db.claims import NO_LIVE_OWNER, Claims
-from stalwart.db.rows import CLAIM_COLUMNS, INSERT_COLUMNS, ClaimedJob, Death, Outcome, Released
+from stalwart.db.claims import NO_LIVE_OWNER, Claims, Held, judge_given, judge_owner
+from stalwart.db.rows import (
+    CLAIM_COLUMNS,
+    INSERT_COLUMNS,
+    ClaimedJob,
+    Death,
+    Interruption,
+    Outcome,
+    Released,
+)
 from stalwart.db.slots import Slots
 from stalwart.db.uniqueness import Uniqueness
 from stalwart.models.job import FINISHED_STATES
@@ -23,9 +30,6 @@ from stalwart.queues import QueuePattern
 
 _RETURNING = ", ".join(CLAIM_COLUMNS)
 _NO_SIBLING = "SELECT 1 WHERE 0"  # statements here move one job at a time
-# Whether the death is charged to this job (the first parameter), and it is its last attempt.
-_CHARGED_AT_LAST_ATTEMPT = "(%s AND json_array_length(errors) + 1 >= max_attempts)"
-_STATUS_AFTER_DEATH = f"CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed' ELSE 'ready' END"
 # The statements that move one job out of running, fenced on its owner (and attempt).
 _FINISH_ONE = f"""
     UPDATE stalwart_job
@@ -35,24 +39,27 @@ _FINISH_ONE = f"""
         {Uniqueness.unique_key_leaving("stalwart_job", "%s", _NO_SIBLING)}
     WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
     RETURNING finished_at"""
-_RELEASE_ONE = f"""
+# A write first, to take the write lock and list the running jobs a release may give back,
+# with what deciding who pays needs (see ``judge``).
+_LIST_HELD = """
+    UPDATE stalwart_job SET owner = owner WHERE status = 'running' AND owner = %s {only}
+    RETURNING id, attempt, json_array_length(errors), json_array_length(interruptions),
+              max_attempts, max_interruptions"""
+# Then one job given back as judged: failed for good (the first parameter), or waiting again.
+_GIVE_BACK_ONE = f"""
     UPDATE stalwart_job
-    SET status = {Slots.status_after_release("stalwart_job")}, owner = NULL,
-        {Uniqueness.unique_key_leaving("stalwart_job", "'ready'", _NO_SIBLING)}
-    WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
-    RETURNING id, status, queue_name, concurrency_key"""
-_RELEASE_DEAD_ONE = f"""
-    UPDATE stalwart_job
-    SET status = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN 'failed'
+    SET status = CASE WHEN %s THEN 'failed'
                       ELSE {Slots.status_after_release("stalwart_job")} END,
-        finished_at = CASE WHEN {_CHARGED_AT_LAST_ATTEMPT} THEN %s END,
-        available_at = CASE WHEN %s THEN %s ELSE available_at END,
+        finished_at = %s,
+        available_at = COALESCE(%s, available_at),
         owner = NULL,
         isolated = isolated OR %s,
-        {Uniqueness.unique_key_leaving("stalwart_job", _STATUS_AFTER_DEATH, _NO_SIBLING)},
-        errors = CASE WHEN %s THEN json_insert(errors, '$[#]', json(%s)) ELSE errors END
-    WHERE id = %s AND status = 'running' AND owner = %s
-    RETURNING id, status, queue_name, concurrency_key"""
+        {Uniqueness.unique_key_leaving("stalwart_job", "%s", _NO_SIBLING)},
+        errors = CASE WHEN %s IS NULL THEN errors ELSE json_insert(errors, '$[#]', json(%s)) END,
+        interruptions = CASE WHEN %s IS NULL THEN interruptions
+                             ELSE json_insert(interruptions, '$[#]', json(%s)) END
+    WHERE id = %s AND status = 'running' AND owner = %s AND attempt = %s
+    RETURNING id, status, queue_name, concurrency_key, task_path"""
 
 
 class SQLiteClaims(Claims):
@@ -129,14 +136,57 @@ class SQLiteClaims(Claims):
             written = {key: field(value, None, self.connection) for key, value in written.items()}
         return written
 
-    def release_rows(
-        self, cursor: Any, *, owner: int, jobs: Sequence[tuple[Any, int]]
+    def _held(self, cursor: Any, owner: int, ids: Sequence[Any] | None = None) -> list[Held]:
+        only = "" if ids is None else f"AND id IN ({', '.join(['%s'] * len(ids))})"
+        cursor.execute(
+            _LIST_HELD.format(only=only),
+            [owner, *(self.uuid_param(job_id) for job_id in ids or ())],
+        )
+        field = self.connection.ops.convert_uuidfield_value
+        return sorted(
+            (Held(field(row[0], None, self.connection), *row[1:]) for row in cursor.fetchall()),
+            key=lambda job: job.id,
+        )
+
+    def _give_back(
+        self, cursor: Any, owner: int, held: Sequence[Held], verdicts: dict
     ) -> list[Released]:
+        moment = timezone.now()
+        now = self.datetime_param(moment)
         released = []
-        for job_id, attempt in jobs:
-            cursor.execute(_RELEASE_ONE, [self.uuid_param(job_id), owner, attempt])
-            released.extend(self._released(cursor.fetchone()))
+        for job in held:
+            verdict = verdicts[job.id]
+            cursor.execute(
+                _GIVE_BACK_ONE,
+                [
+                    verdict.fails,
+                    now if verdict.fails else None,
+                    now if verdict.charged else None,
+                    verdict.isolate,
+                    "failed" if verdict.fails else "ready",
+                    verdict.error,
+                    verdict.error,
+                    verdict.interruption,
+                    verdict.interruption,
+                    self.uuid_param(job.id),
+                    owner,
+                    job.attempt,
+                ],
+            )
+            released.extend(self._released(cursor.fetchone(), charged=verdict.charged))
         return released
+
+    def release_rows(
+        self, cursor: Any, *, owner: int, jobs: Sequence[Interruption], process: str = ""
+    ) -> list[Released]:
+        attempts = {job.id: job.attempt for job in jobs}
+        held = [
+            job
+            for job in self._held(cursor, owner, list(attempts))
+            if attempts.get(job.id) == job.attempt
+        ]
+        verdicts = judge_given(held, jobs, process=process, moment=timezone.now().isoformat())
+        return self._give_back(cursor, owner, held, verdicts)
 
     def release_owner_rows(
         self,
@@ -146,47 +196,30 @@ class SQLiteClaims(Claims):
         error_class: str,
         error_text: str,
         death: Death = Death.CRASH,
+        suspects: Sequence[Any] | None = None,
+        process: str = "",
     ) -> list[Released]:
-        # A write first (it takes the write lock and lists the jobs), then one statement per
-        # job, so each sees the ones before it: twins released together never collide.
-        cursor.execute(
-            "UPDATE stalwart_job SET owner = owner WHERE status = 'running' AND owner = %s "
-            "RETURNING id",
-            [owner],
+        # One statement per job, so each sees the ones before it: twins given back together
+        # never collide.
+        held = self._held(cursor, owner)
+        verdicts = judge_owner(
+            held,
+            death=death,
+            suspects=suspects,
+            error_class=error_class,
+            error_text=error_text,
+            process=process,
+            moment=timezone.now().isoformat(),
         )
-        ids = sorted(row[0] for row in cursor.fetchall())
-        error = json.dumps({"exception_class_path": error_class, "traceback": error_text})
-        now = self.now_param()
-        # Charged: every job (a silence), or a job that was alone (a crash), or none.
-        charged = death == Death.SILENCE or (death == Death.CRASH and len(ids) == 1)
-        isolate = death == Death.CRASH  # a crash's suspects, the one charged too
-        released = []
-        for job_id in ids:
-            cursor.execute(
-                _RELEASE_DEAD_ONE,
-                [
-                    charged,
-                    charged,
-                    now,
-                    charged,
-                    now,
-                    isolate,
-                    charged,
-                    charged,
-                    error,
-                    job_id,
-                    owner,
-                ],
-            )
-            released.extend(self._released(cursor.fetchone()))
-        return released
+        return self._give_back(cursor, owner, held, verdicts)
 
-    def _released(self, row: tuple | None) -> list[Released]:
-        """A row of ``RETURNING id, status, queue_name, concurrency_key``, as a Released."""
+    def _released(self, row: tuple | None, *, charged: bool = False) -> list[Released]:
+        """A row of ``RETURNING id, status, queue_name, concurrency_key, task_path``, as a
+        Released."""
         if row is None:
             return []
         job_id = self.connection.ops.convert_uuidfield_value(row[0], None, self.connection)
-        return [Released(job_id, *row[1:])]
+        return [Released(job_id, *row[1:], charged=charged)]
 
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
         # Jobs with a concurrency key wait for a slot (blocked); the others are ready.
