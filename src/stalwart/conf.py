@@ -7,7 +7,7 @@ Every error names the setting it is about, e.g. ``TASKS['default']['OPTIONS']['w
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, overload
 
 from stalwart import deadlines
 from stalwart.exceptions import ConfigurationError, InvalidQueueName
@@ -126,6 +126,10 @@ class _Reader:
             )
         return float(value)
 
+    @overload
+    def whole(self, key: str, default: int, *, minimum: int, maximum: int) -> int: ...
+    @overload
+    def whole(self, key: str, default: None, *, minimum: int, maximum: int) -> int | None: ...
     def whole(self, key: str, default: int | None, *, minimum: int, maximum: int) -> int | None:
         value = self.get(key, default)
         if value is None and default is None:
@@ -137,7 +141,7 @@ class _Reader:
             )
         return value
 
-    def choice(self, key: str, default: Any, check: Callable[[Any], bool], expected: str) -> Any:
+    def choice(self, key: str, default: Any, check: Callable[[Any], object], expected: str) -> Any:
         value = self.get(key, default)
         if not check(value):
             raise ConfigurationError(f"{self.name(key)} must be {expected}, not {value!r}.")

@@ -7,7 +7,7 @@ that deletes it, so two pruners never both act on one process. MySQL, which has 
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stalwart.db.decoding import decode_json
 from stalwart.db.dialect import Dialect, marks
@@ -16,6 +16,10 @@ from stalwart.db.leases import PG_TAKE_LEASE, pg_lease_params
 
 class Processes(Dialect):
     """Find silent processes and orphaned jobs' owners; delete a row if still dead."""
+
+    if TYPE_CHECKING:
+        # From the Leases mixin, which every database's Statements class combines with this.
+        def acquire_lease(self, cursor: Any, *, name: str, holder: str, ttl: float) -> bool: ...
 
     def dead_processes(self, cursor: Any, *, threshold: float, exclude: int | None) -> list:
         """Processes whose last heartbeat is older than ``threshold`` seconds (database clock)."""

@@ -123,7 +123,7 @@ def close_pools() -> None:
     for connection in connections.all():
         pools = getattr(connection, "_connection_pools", None)
         if pools and connection.alias in pools:
-            connection.close_pool()
+            connection.close_pool()  # type: ignore[attr-defined]  # PostgreSQL's only
 
 
 # Read ends of the status pipes of our living children (closed in each new child).

@@ -6,7 +6,7 @@ import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseFailure
 from django.db import connections, transaction
@@ -20,6 +20,9 @@ from stalwart.jobs import JobStore
 from stalwart.models import Process
 from stalwart.processes import verdicts
 from stalwart.processes.verdicts import Verdict
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
 
 # The error recorded on a job whose process died while running it.
 PROCESS_DIED = "stalwart.exceptions.ProcessDied"
@@ -61,12 +64,24 @@ class Registration:
         self.id = retry_transient(self.database, create, what="register")
         return self.id
 
+    @property
+    def registered_id(self) -> int:
+        """Our row's id, once registered (the steps that need it run only after that)."""
+        if self.id is None:
+            raise RuntimeError(f"this {self.kind} has not registered in the process table")
+        return self.id
+
+    def _own_row(self) -> "QuerySet[Process]":
+        """Our row, or nothing before we registered."""
+        if self.id is None:
+            return Process.objects.using(self.database).none()
+        return Process.objects.using(self.database).filter(id=self.id)
+
     def heartbeat(self, metadata: dict[str, Any]) -> bool:
         """Stamp our row (database clock); False if it is gone, or marked leaving (a beat
         late for the stop must not undo that mark)."""
         updated = (
-            Process.objects.using(self.database)
-            .filter(id=self.id)
+            self._own_row()
             .exclude(metadata__has_key=LEAVING)
             .update(last_heartbeat_at=Now(), metadata=metadata)
         )
@@ -75,32 +90,28 @@ class Registration:
     def update_metadata(self, metadata: dict[str, Any]) -> None:
         """Write our row's metadata (a verdict, say) without stamping a heartbeat: a loop that
         does not progress is not vouched for, but may still say why."""
-        Process.objects.using(self.database).filter(id=self.id).exclude(
-            metadata__has_key=LEAVING
-        ).update(metadata=metadata)
+        self._own_row().exclude(metadata__has_key=LEAVING).update(metadata=metadata)
 
     def mark_leaving(self, metadata: dict[str, Any]) -> None:
         """Say that this process is ending with jobs still running in it: whoever removes
         the row once the process is surely gone gives them back without charging them."""
-        Process.objects.using(self.database).filter(id=self.id).update(
-            metadata={**metadata, LEAVING: True}
-        )
+        self._own_row().update(metadata={**metadata, LEAVING: True})
 
     def reregister(self, metadata: dict[str, Any]) -> int:
         """Our row was pruned while we lived (a long outage): take a new one, and move the
         children recorded under the old one to it."""
         old = self.id
-        self.register(metadata)
+        new = self.register(metadata)
         if old is not None and self.kind == "supervisor":
-            Process.objects.using(self.database).filter(supervisor=old).update(supervisor=self.id)
-        return self.id
+            Process.objects.using(self.database).filter(supervisor=old).update(supervisor=new)
+        return new
 
     def deregister(self) -> None:
         if self.id is None:
             return
         retry_transient(
             self.database,
-            lambda: Process.objects.using(self.database).filter(id=self.id).delete(),
+            lambda: self._own_row().delete(),
             what="deregister",
         )
 

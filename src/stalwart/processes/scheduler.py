@@ -89,8 +89,9 @@ class Scheduler(Role):
                         job=result.id,
                     )
         upcoming = [
-            entry.next_after(now) for entry in self.config.recurring if entry.key not in self.broken
+            moment
+            for entry in self.config.recurring
+            if entry.key not in self.broken and (moment := entry.next_after(now)) is not None
         ]
-        upcoming = [moment for moment in upcoming if moment is not None]
         if upcoming:
             self.next_tick_in = max((min(upcoming) - now).total_seconds(), 0.0)

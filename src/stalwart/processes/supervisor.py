@@ -237,14 +237,13 @@ class Supervisor(Role):
             # Pruned while we lived (a long outage): our children are alive and beating;
             # take a new row rather than stop them.
             old = self.registration.id
-            self.registration.reregister(self.metadata())
-            self._ids.add(self.registration.id)
+            self._ids.add(self.registration.reregister(self.metadata()))
         events.emit("process_reregistered", process=self.name, old_id=old, id=self.registration.id)
 
     # -- children ----------------------------------------------------------------------------
 
     def _start(self, slot: ChildSlot) -> None:
-        supervisor_id, supervisor_pid = self.registration.id, os.getpid()
+        supervisor_id, supervisor_pid = self.registration.registered_id, os.getpid()
         self._ids.add(supervisor_id)
 
         def run_child() -> int:

@@ -346,7 +346,7 @@ class Worker(Role):
         timeout); without this such jobs would stay running for as long as we live. The same
         statement, once a heartbeat interval, carries the cancel requests: no query per job.
         """
-        owned = self.store.owned_running(owner=self.registration.id)
+        owned = self.store.owned_running(owner=self.registration.registered_id)
         unknown = [(job_id, attempt) for job_id, attempt, _ in owned if job_id not in self.held]
         for job_id, _, requested in owned:
             job = self.held.get(job_id)
@@ -365,7 +365,7 @@ class Worker(Role):
                 )
         if unknown:
             released = self.store.release(
-                owner=self.registration.id,
+                owner=self.registration.registered_id,
                 jobs=unknown,
                 cause="its claim committed but the answer was lost; given back unstarted",
                 process=self.name,
@@ -460,7 +460,7 @@ class Worker(Role):
             # Ended: however long its outcome waits to be written, it is not timing out.
             self.deadlines.pop(item.job.id, None)
         settled = self.outcomes.flush(
-            self.registration.id, (extra or []) + finished, claim=request, hold=hold
+            self.registration.registered_id, (extra or []) + finished, claim=request, hold=hold
         )
         for item in settled:
             if self.held.get(item.job.id) is not item.job:
@@ -614,7 +614,7 @@ class Worker(Role):
             return
         try:
             released = self.store.release(
-                owner=self.registration.id,
+                owner=self.registration.registered_id,
                 jobs=idle,
                 cause="its worker stopped "
                 + ("at once" if self.immediate else "before the job could run or be written"),

@@ -12,7 +12,7 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from stalwart.db.decoding import decode_rows
 from stalwart.db.dialect import Dialect
@@ -164,6 +164,22 @@ class Claims(Dialect):
     writes_are_single_statements: ClassVar[bool] = False
     # Whether finish_and_claim exists: outcomes written and jobs claimed in one statement.
     can_finish_and_claim: ClassVar[bool] = False
+
+    if TYPE_CHECKING:
+        # Steps of the sibling mixins that a database's Statements class combines with this
+        # one (Uniqueness, Wakeups, Slots): declared for the type checker only.
+        def unique_predicate(self) -> str: ...
+        def notify(self, cursor: Any, queue_names: Sequence[str]) -> None: ...
+        def notify_scheduled(
+            self, cursor: Any, *, due_in: float | None = None, due_at: Any = None
+        ) -> None: ...
+        def hand_on_slots(
+            self, cursor: Any, released: Sequence[Released], notify: bool
+        ) -> None: ...
+        @staticmethod
+        def status_after_release(job: str) -> str: ...
+        @staticmethod
+        def unique_key_leaving(table: str, new_status: str, sibling: str) -> str: ...
 
     def queue_filter(
         self, pattern: QueuePattern, excluded: Sequence[QueuePattern]

@@ -35,8 +35,9 @@ MySQL's other differences sit with their concerns, in the module of each (``slot
 ``stalwart.db.mysql`` lists them.
 """
 
+import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -89,6 +90,13 @@ def _moment() -> str:
 class MySQLClaims(Claims):
     # Placeholders per statement stay far under MySQL's 65,535.
     insert_chunk = 1000
+
+    if TYPE_CHECKING:
+        # From MySQLDialect and MySQLUniqueness, which MySQLStatements combines with this.
+        def _restore_lock_wait(self, cursor: Any) -> None: ...
+        def _key_after(
+            self, cursor: Any, job_id: Any, key: str | None, status: str, taken: set[str]
+        ) -> str | None: ...
 
     def queue_filter(
         self, pattern: QueuePattern, excluded: Sequence[QueuePattern]
@@ -190,7 +198,7 @@ class MySQLClaims(Claims):
         outcomes = sorted(outcomes, key=lambda outcome: outcome.id)
         by_id = {outcome.id: outcome for outcome in outcomes}
         ids = [self.uuid_param(outcome.id) for outcome in outcomes]
-        written = {}
+        written: dict[uuid.UUID, Any] = {}
         with self._atomic():
             cursor.execute(
                 f"SELECT id, attempt, unique_key FROM stalwart_job WHERE id IN ({marks(ids)}) "
@@ -239,9 +247,9 @@ class MySQLClaims(Claims):
                 if cursor.rowcount:
                     written[job_id] = None
             if written:
+                ids = [self.uuid_param(job_id) for job_id in written]
                 cursor.execute(
-                    f"SELECT id, finished_at FROM stalwart_job WHERE id IN ({marks(written)})",
-                    [self.uuid_param(job_id) for job_id in written],
+                    f"SELECT id, finished_at FROM stalwart_job WHERE id IN ({marks(ids)})", ids
                 )
                 for job_id, finished_at in decode_rows(
                     self.connection, ["id", "finished_at"], cursor.fetchall()

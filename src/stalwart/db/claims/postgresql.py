@@ -261,8 +261,8 @@ class PostgreSQLClaims(Claims):
 
     def insert_chunk_of(self, cursor: Any, jobs: Sequence[NewJob], notify: bool) -> None:
         if len(jobs) == 1:
-            params = dict(zip(INSERT_COLUMNS, self.insert_params(jobs[0]), strict=True))
-            cursor.execute(_INSERT_ONE_NOTIFIED if notify else _INSERT_ONE, params)
+            named = dict(zip(INSERT_COLUMNS, self.insert_params(jobs[0]), strict=True))
+            cursor.execute(_INSERT_ONE_NOTIFIED if notify else _INSERT_ONE, named)
             return
         rows = [self.insert_params(job) for job in jobs]
         if len(jobs) <= SMALL_INSERT:

@@ -132,7 +132,8 @@ class SQLiteClaims(Claims):
                 written[outcome.id] = row[0]
         if written:
             # Decode the stored timestamps the way the ORM would.
-            field = self.connection.ops.convert_datetimefield_value
+            ops: Any = self.connection.ops  # SQLite's operations, which the stubs don't name
+            field = ops.convert_datetimefield_value
             written = {key: field(value, None, self.connection) for key, value in written.items()}
         return written
 
@@ -142,7 +143,8 @@ class SQLiteClaims(Claims):
             _LIST_HELD.format(only=only),
             [owner, *(self.uuid_param(job_id) for job_id in ids or ())],
         )
-        field = self.connection.ops.convert_uuidfield_value
+        ops: Any = self.connection.ops  # SQLite's operations, which the stubs don't name
+        field = ops.convert_uuidfield_value
         return sorted(
             (Held(field(row[0], None, self.connection), *row[1:]) for row in cursor.fetchall()),
             key=lambda job: job.id,
@@ -218,8 +220,10 @@ class SQLiteClaims(Claims):
         Released."""
         if row is None:
             return []
-        job_id = self.connection.ops.convert_uuidfield_value(row[0], None, self.connection)
-        return [Released(job_id, *row[1:], charged=charged)]
+        ops: Any = self.connection.ops  # SQLite's operations, which the stubs don't name
+        job_id = ops.convert_uuidfield_value(row[0], None, self.connection)
+        status, queue_name, concurrency_key, task_path = row[1:]
+        return [Released(job_id, status, queue_name, concurrency_key, task_path, charged=charged)]
 
     def promote_due(self, cursor: Any, *, limit: int, notify: bool) -> tuple[int, list]:
         # Jobs with a concurrency key wait for a slot (blocked); the others are ready.
