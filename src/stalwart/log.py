@@ -95,6 +95,8 @@ _LEVELS = {
     "job_interrupted": logging.WARNING,
     "job_given_back": logging.DEBUG,
     "process_suspended": logging.WARNING,
+    "pruning_waits": logging.INFO,
+    "kill_timer_disarmed": logging.INFO,
     "process_resumed": logging.INFO,
     "kernel_timer_tampered": logging.ERROR,
     "process_group_lingers": logging.WARNING,

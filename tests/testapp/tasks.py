@@ -336,6 +336,28 @@ def connection_identity() -> int:
         return cursor.fetchone()[0]
 
 
+@task
+def client_connection_identity() -> str:
+    """Which client connection (Django's, to its database) this job's thread used: a mark
+    kept on the driver's connection object, which lives as long as that connection (a
+    server session id would not do behind a pooler in transaction mode)."""
+    import uuid
+
+    connection.ensure_connection()
+    raw = connection.connection
+    mark = getattr(raw, "_stalwart_test_mark", None)
+    if mark is None:
+        mark = str(uuid.uuid4())
+        try:
+            raw._stalwart_test_mark = mark
+        except AttributeError:  # a driver object without a __dict__: keep marks aside
+            mark = _marks.setdefault(id(raw), (raw, mark))[1]
+    return mark
+
+
+_marks: dict[int, tuple[object, str]] = {}
+
+
 def _hold_the_gil(seconds: float) -> None:
     """As a C extension that never releases the GIL would: no other thread of this process
     runs Python meanwhile (the heartbeat's included)."""

@@ -91,6 +91,9 @@ class Role:
         self.liveness = Liveness(limit=self.process_deadlines.stall)
         # Beats overdue: claim nothing new until one goes through (see heartbeat.py).
         self.suspended = False
+        # Held while deciding to claim, and by the heartbeat while it decides whether the
+        # kernel's deadline must hold (``holds_running_work``).
+        self.claim_gate = threading.Lock()
         # Our own word on a death that may come (see verdicts.py), in the row's metadata too.
         self.verdict: Verdict | None = None
 
@@ -268,6 +271,8 @@ class Role:
                 liveness=self.liveness,
                 hard_exit=self.owns_process,
                 session=lambda: self.open_session("heartbeat"),
+                holding=self.holds_running_work,
+                gate=self.claim_gate,
             )
             self._heartbeat.start()
         if self.parent_pid is not None:
@@ -297,7 +302,16 @@ class Role:
                 status=self.exit_status,
                 reason=self.fenced_reason,
             )
+            self._ignore_late_stops()
         return self.exit_status
+
+    def _ignore_late_stops(self) -> None:
+        """The stop is done: a late TERM or Ctrl-C (the tail of a storm of them) must not
+        turn this exit into a death by signal, as it would once Python's finalisation has
+        put the default actions back in place of our handlers."""
+        if self.owns_process and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_IGN)
 
     def _add_counts(self) -> None:
         """Add what this process counted for the metrics (if they are on) before it ends."""
@@ -340,6 +354,12 @@ class Role:
 
     def abandons_jobs(self) -> bool:
         """Whether this process ends with jobs still running in its threads."""
+        return False
+
+    def holds_running_work(self) -> bool:
+        """Whether a job's body runs in this process, or is about to (asked with
+        ``claim_gate`` held). While none does, a long outage does not end the process at
+        the kernel's deadline (see heartbeat.py). Roles that run no jobs: False."""
         return False
 
     def main(self) -> None:

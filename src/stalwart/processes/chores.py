@@ -22,7 +22,8 @@ from stalwart import events, leases
 from stalwart.conf import Options
 from stalwart.control import delete_expired_jobs
 from stalwart.jobs import JobStore
-from stalwart.processes.registry import prune_under_lease
+from stalwart.processes.outage import Outage
+from stalwart.processes.registry import may_prune, prune_under_lease
 
 RETENTION_LEASE = "stalwart.retention"
 RETENTION_INTERVAL = 60.0  # seconds between retention passes in the whole cluster
@@ -41,10 +42,11 @@ class Chores:
         # Where the slot sweep under way goes on (None: no sweep under way).
         self._slots_after: str | None = None
 
-    def run_due(self, *, exclude: int | None) -> None:
-        """Do what is due now; ``exclude`` is the caller's own process row."""
+    def run_due(self, *, exclude: int | None, outage: Outage) -> None:
+        """Do what is due now; ``exclude`` is the caller's own process row, ``outage`` the
+        state of the caller's own access to the database (see ``may_prune``)."""
         now = time.monotonic()
-        if now >= self._next_sweep:
+        if now >= self._next_sweep and may_prune(outage, self.config, self.holder):
             self._next_sweep = now + self.config.heartbeat_interval
             prune_under_lease(
                 self.config.database,

@@ -120,4 +120,4 @@ class Dispatcher(Role):
         return wait
 
     def _chores(self) -> None:
-        self.chores.run_due(exclude=self.registration.id)
+        self.chores.run_due(exclude=self.registration.id, outage=self.outage)

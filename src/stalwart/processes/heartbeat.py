@@ -56,6 +56,8 @@ class Heartbeat(threading.Thread):
         liveness: Liveness | None = None,
         hard_exit: bool = False,
         session: Callable[[], None] | None = None,
+        holding: Callable[[], bool] | None = None,
+        gate: threading.Lock | None = None,
     ) -> None:
         super().__init__(name="stalwart-heartbeat", daemon=True)
         self.registration = registration
@@ -68,6 +70,10 @@ class Heartbeat(threading.Thread):
         self.liveness = liveness
         self.hard_exit = hard_exit
         self.session = session
+        # Whether a job's body runs here, or is about to (None: always assumed), asked with
+        # ``gate`` held, the lock the role takes to decide whether to claim.
+        self.holding = holding
+        self.gate = gate if gate is not None else threading.Lock()
         self.last_success = time.monotonic()  # the sending time of the last beat that worked
         self.suspended = False
         self.verdict: Verdict | None = None
@@ -142,8 +148,9 @@ class Heartbeat(threading.Thread):
             if not alive:
                 self.on_fenced("its process row is gone (pruned as dead)")
                 return
-            self.last_success = sent
-            self._arm(sent)
+            with self.gate:
+                self.last_success = sent
+                self._arm(sent)
             self._recovered()
 
     def _withhold(self) -> None:
@@ -221,9 +228,38 @@ class Heartbeat(threading.Thread):
                     reason=cause or "no heartbeat went out (the whole process was held up)",
                 )
                 self.on_suspended(True)
+            if self.holding is not None and not self._hold_deadline():
+                continue  # nothing runs here that could run twice: no need to end
             if not self.hard_exit and silent_for > deadlines.kill:
                 self.on_fenced(f"no successful heartbeat for {silent_for:.1f} s")
                 return
+
+    def _hold_deadline(self) -> bool:
+        """While silent past ``suspend`` (so claiming nothing): whether the deadline must
+        hold. It must while a job's body runs here, or a claim is under way; otherwise the
+        kernel's timer is stopped, so that an outage longer than the threshold ends no
+        process that runs nothing (a dispatcher, an idle worker, one whose jobs have all
+        finished and wait to be written: those writes are fenced on owner and attempt). A
+        beat that goes through arms it again before claims resume."""
+        with self.gate:
+            silent_for = time.monotonic() - self.last_success
+            if silent_for <= self.deadlines.suspend:
+                return True  # a beat went through meanwhile
+            if self.holding is None or self.holding():
+                if self.hard_exit and self._armed_until is None:
+                    self._arm(self.last_success)  # at once, if it is past
+                return True
+            if self.hard_exit and self._armed_until is not None:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                self._armed_until = None
+                events.emit(
+                    "kill_timer_disarmed",
+                    process=self.registration.name,
+                    silent_for=round(silent_for, 1),
+                    reason="no job runs here: nothing could run twice if this process were "
+                    "taken for dead; it is fenced if its row is gone once a beat goes through",
+                )
+            return False
 
     def _beats_failing(self, now: float) -> str | None:
         """Why beats do not go through, if that is what happens: they fail, hang, or are

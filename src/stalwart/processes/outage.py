@@ -54,6 +54,7 @@ class Outage:
         self.max_delay = max_delay
         self._reset = reset
         self.since: float | None = None  # monotonic time the outage began
+        self.recovered_at: float | None = None  # monotonic time the last outage ended
         self.error: str | None = None
         self.failures = 0
         self._delay = first_delay
@@ -62,6 +63,13 @@ class Outage:
     def failing_for(self) -> float | None:
         """Seconds since the outage began, or None if the last step succeeded."""
         return None if self.since is None else time.monotonic() - self.since
+
+    def up_for(self, at_least: float) -> bool:
+        """Whether the database has answered this loop for ``at_least`` seconds on end (a
+        loop that never lost it, since it started)."""
+        if self.since is not None:
+            return False
+        return self.recovered_at is None or time.monotonic() - self.recovered_at >= at_least
 
     def failed(self, error: BaseException) -> float:
         """Record a failed step; return how long to wait before the next one."""
@@ -93,5 +101,6 @@ class Outage:
             failures=self.failures,
         )
         self.since = None
+        self.recovered_at = time.monotonic()
         self.error = None
         self.failures = 0

@@ -24,6 +24,9 @@ from stalwart.processes.verdicts import Verdict
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
+    from stalwart.conf import Options
+    from stalwart.processes.outage import Outage
+
 # The error recorded on a job whose process died while running it.
 PROCESS_DIED = "stalwart.exceptions.ProcessDied"
 # Set in a process row's metadata by a process that ends with jobs still running in its
@@ -312,6 +315,30 @@ def report_pruned(gone: GoneProcess) -> None:
 
 
 PRUNE_LEASE = "stalwart.prune"
+
+
+def may_prune(outage: "Outage", config: "Options", holder: str) -> bool:
+    """Whether a pruner may judge others' silence now: only once the database has answered
+    it for a whole threshold on end. Right after an outage of its own, every row looks
+    silent (nobody could beat), and what it cannot tell apart is an outage that ended
+    for all from deaths; the processes that lived through it get a threshold to beat
+    again first. A process that is really dead is pruned that much later."""
+    if outage.up_for(config.process_alive_threshold):
+        return True
+    if outage.since is None and outage.recovered_at not in _deferred_after:
+        _deferred_after.add(outage.recovered_at)
+        events.emit(
+            "pruning_waits",
+            process=holder,
+            for_seconds=config.process_alive_threshold,
+            reason="the database was out of reach here too: the processes that lived through "
+            "the outage get a threshold to beat before any is judged dead",
+        )
+    return False
+
+
+# The outages after which a deferral was said (once each).
+_deferred_after: set[float | None] = set()
 ORPHAN_OWNERS_PER_TRANSACTION = 50
 
 

@@ -31,6 +31,7 @@ from stalwart.processes.base import EXIT_CRASHED, EXIT_FENCED, EXIT_RECYCLE, Rol
 from stalwart.processes.forking import Forked, Report, end_group, fork_child, report
 from stalwart.processes.outage import DatabaseFailure
 from stalwart.processes.registry import (
+    may_prune,
     prune_under_lease,
     remove_reaped_child,
     report_given_back,
@@ -221,6 +222,8 @@ class Supervisor(Role):
         # supervisor's to release, not a pruner's.
         self._reap()
         self._clean_up_all()
+        if not may_prune(self.outage, self.config, self.name):
+            return
         with deadline(self.database, self._call_deadline):
             prune_under_lease(
                 self.database,

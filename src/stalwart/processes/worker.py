@@ -102,6 +102,7 @@ class Worker(Role):
         # Claimed jobs someone had asked to cancel before: written, never run.
         self._not_run: list[Finished] = []
         self.jobs_done = 0
+        self._claiming = False  # a claim under way (see holds_running_work)
         self._listener: Listener | None = None
         self._next_promotion = 0.0
         self._paused: list[str] = []
@@ -148,6 +149,10 @@ class Worker(Role):
         """Job threads are still running: the process must end at once (``os._exit``), so
         that they never run here and elsewhere at once, nor write anything more."""
         return self.pool.busy > 0
+
+    def holds_running_work(self) -> bool:
+        # Bodies running or handed to a thread, or a claim under way (see base.py).
+        return self._claiming or self.pool.busy > 0
 
     def abandons_jobs(self) -> bool:
         # Threads still running, or jobs it could not give back: either way its row stays
@@ -278,7 +283,7 @@ class Worker(Role):
             # Idle, it claims nothing, but says in its heartbeat which pauses it honours.
             self._read_pauses()
         if self.chores is not None:
-            self.chores.run_due(exclude=self.registration.id)
+            self.chores.run_due(exclude=self.registration.id, outage=self.outage)
         self.reporter.check()
         if self._recycle_due() or self._check_timeouts():
             self.flush()
@@ -294,7 +299,9 @@ class Worker(Role):
                 selector=self.selector, paused=self._paused
             )
             self._next_pause_check = now + PAUSE_CHECK_INTERVAL
-        idle = 0 if self.suspended else self.pool.idle  # overdue heartbeats: claim nothing
+        with self.claim_gate:
+            idle = 0 if self.suspended else self.pool.idle  # overdue heartbeats: claim nothing
+            self._claiming = idle > 0
         alone = self.pool.busy == 0
         if not alone and (self._isolated_waiting or self._running_isolated()):
             idle = 0  # an isolated job runs alone: none beside it, and none beside one waiting
@@ -302,7 +309,10 @@ class Worker(Role):
             # Jobs run, and jobs held (running, or finished and about to be written), count
             # against max_jobs: a worker never claims past it, whatever its threads.
             idle = max(0, min(idle, self.worker.max_jobs - self.jobs_done - len(self.held)))
-        claimed = self.flush(claim=idle, isolated_first=alone and self._isolated_waiting)
+        try:
+            claimed = self.flush(claim=idle, isolated_first=alone and self._isolated_waiting)
+        finally:
+            self._claiming = False  # what it claimed now counts in the pool
         if alone and self._isolated_waiting and not any(job.isolated for job in claimed):
             self._isolated_waiting = False  # none was left for us: back to ordinary claims
         self._next_poll = now + self.poll_interval()
