@@ -27,7 +27,15 @@ def test_one_supervisor_with_a_skewed_clock(pg, faketime, offset):
         "--queues", "default", "--processes", "1", "--threads", "2", children=3
     )
     skewed = pg.fleet.supervise(
-        "--queues", "skewed", "--processes", "1", "--threads", "2", children=3, skew=offset
+        "--queues",
+        "skewed",
+        "--processes",
+        "1",
+        "--threads",
+        "2",
+        children=3,
+        skew=offset,
+        timeout=90,  # libfaketime slows every start-up, the more so on a loaded machine
     )
     processes = set(pg.fleet.rows().values_list("pid", flat=True))
     mono0, db0 = time.clock_gettime(time.CLOCK_MONOTONIC), pg.target.now()
