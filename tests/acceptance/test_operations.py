@@ -2,6 +2,7 @@
 help and errors for every subcommand, and what the logs say."""
 
 import json
+import re
 import signal
 import socket
 from datetime import timedelta
@@ -353,12 +354,17 @@ def test_logs_carry_a_failures_traceback_once_and_no_argument_values():
     child = run("work", "--stop-when-empty", "--threads", "1")
     assert child.process.returncode == 0, child.output
     # Once by Stalwart's job_failed line, and once by Django's own task_finished receiver
-    # (on the django.tasks logger, which the test settings show too).
-    stalwart, django = child.output.split(" django.tasks ", 1)
-    assert stalwart.count("Traceback (most recent call last)") == 1
+    # (on the django.tasks logger, which the test settings show too), in either order: each
+    # record is its first line and the lines up to the next record.
+    records = re.split(r"\n(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ )", child.output)
+    with_traceback = [record for record in records if "Traceback (most recent call last)" in record]
+    assert len(with_traceback) == 2, child.output
+    (stalwart,) = [record for record in with_traceback if " stalwart " in record.split("\n")[0]]
+    (django,) = [record for record in with_traceback if " django.tasks " in record.split("\n")[0]]
     assert "action=job_failed" in stalwart
-    assert django.count("Traceback (most recent call last)") == 1
+    assert stalwart.count("Traceback (most recent call last)") == 1
     assert "state=FAILED" in django
+    assert django.count("Traceback (most recent call last)") == 1
     assert "RuntimeError: the task failed" in child.output
     assert "hunter2-do-not-log" not in child.output
     assert "action=job_failed" in child.output
