@@ -13,9 +13,10 @@
    without ``src/``, so that ``import stalwart`` can only find the installed package; it
    checks that it does.
 4. Runs, from that virtualenv: the dashboard tests and a chosen set of acceptance tests
-   on ``--database`` (PostgreSQL by default), and, at the same time, the browser tests and
-   the example project (migrate, check, queue status, the demo, every dashboard page:
-   tests/acceptance/test_installed_package.py) on SQLite.
+   (SERVER_TESTS) on ``--database`` (PostgreSQL by default), and, at the same time, on
+   SQLite, the browser tests, the example project (migrate, check, queue status, the demo,
+   every dashboard page: tests/acceptance/test_installed_package.py) and the messages of a
+   missing extra (SQLITE_TESTS).
 
 Exits non-zero when any step fails: a template, a static file or a migration left out of
 the wheel fails step 2, and the tests of step 4 too.
@@ -48,13 +49,15 @@ SERVER_TESTS = (
     "tests/acceptance/test_installed_package.py",
     "tests/acceptance/test_work_command.py",
     "tests/acceptance/test_supervisor.py",
-    "tests/acceptance/test_operations.py",
-    "tests/acceptance/test_queue_control.py",
     "tests/acceptance/test_metrics.py",
-    "tests/acceptance/test_configuration_mistakes.py",
 )
-# On SQLite: the browser tests (the dashboard's static files) and the example project.
-SQLITE_TESTS = ("tests/browser", "tests/acceptance/test_installed_package.py")
+# On SQLite: the browser tests (the dashboard's static files), the example project, and
+# the one-line messages of a missing extra.
+SQLITE_TESTS = (
+    "tests/browser",
+    "tests/acceptance/test_installed_package.py",
+    "tests/acceptance/test_missing_extras.py",
+)
 
 
 # With the setuptools of the test extra: three isolated environments would each install it.
@@ -285,6 +288,7 @@ def main() -> int:
                     "2",
                     "-m",
                     "not faults and not any_database",
+                    "--durations=10",
                     *SERVER_TESTS,
                 ),
                 start_pytest(python, where, env, "sqlite", "-m", "not faults", *SQLITE_TESTS),
