@@ -16,14 +16,14 @@ def test_the_readme_install_lines_name_the_distribution_a_wheel_or_a_path():
     until it is published the same line works against a built wheel or a checkout; every
     extra it names exists."""
     readme = (ROOT / "README.md").read_text()
-    lines = [line.split("#")[0] for line in readme.splitlines() if "pip install " in line]
+    lines = [line.split("#")[0] for line in readme.splitlines() if line.startswith("pip install")]
     assert lines, "the README has no pip install line"
     project = pyproject()["project"]
     extras = set(project["optional-dependencies"])
     wheel = f"django_stalwart-{project['version']}-py3-none-any.whl"
     requirements = []
     for line in lines:
-        words = shlex.split(line[line.index("pip install ") :])[2:]
+        words = shlex.split(line)[2:]
         requirement = [word for word in words if not word.startswith("-")][-1]
         requirements.append(requirement)
         name, _, rest = requirement.partition("[")
