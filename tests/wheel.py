@@ -74,8 +74,12 @@ def say(text: str, stream=sys.stdout) -> None:
     stream.flush()
 
 
+STARTED = time.monotonic()
+
+
 def step(title: str) -> None:
-    say(f"-- {title}")
+    """A step's title, with the seconds since the leg began (to see where its time goes)."""
+    say(f"-- [{time.monotonic() - STARTED:4.0f}s] {title}")
 
 
 def run(*command: str | Path, cwd: Path | None = None, env: dict | None = None) -> str:
@@ -95,19 +99,13 @@ def run(*command: str | Path, cwd: Path | None = None, env: dict | None = None) 
 
 def copy_checkout(to: Path) -> None:
     """The files a clone has (and new ones not yet committed), without build leftovers."""
-    listed = subprocess.run(
-        [
-            shutil.which("git") or "git",
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        check=True,
-    ).stdout.split(b"\0")
+    git = [shutil.which("git") or "git", "ls-files", "-z", "--cached", "--others"]
+    try:
+        listed = subprocess.run(
+            [*git, "--exclude-standard"], cwd=ROOT, stdout=subprocess.PIPE, check=True
+        ).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError) as error:
+        raise Failed(f"the leg lists the checkout's files with git ls-files: {error}") from None
     for name in filter(None, listed):
         source = ROOT / os.fsdecode(name)
         if not source.is_file():  # deleted in the work tree, not yet committed
