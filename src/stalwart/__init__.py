@@ -1,5 +1,7 @@
 """Stalwart: a database-backed backend for Django's ``django.tasks``."""
 
+from importlib.metadata import version as _distribution_version
+
 from stalwart.bulk import Call, aenqueue_many, enqueue_many
 from stalwart.cancellation import acancel, cancel
 from stalwart.context import StalwartTaskContext
@@ -17,4 +19,5 @@ __all__ = [
     "enqueue_many",
     "task",
 ]
-__version__ = "0.1.0.dev0"
+# One place for the version: pyproject.toml, read back from the installed distribution.
+__version__: str = _distribution_version("django-stalwart")
