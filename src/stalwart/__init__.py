@@ -1,5 +1,6 @@
 """Stalwart: a database-backed backend for Django's ``django.tasks``."""
 
+from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _distribution_version
 
 from stalwart.bulk import Call, aenqueue_many, enqueue_many
@@ -19,5 +20,9 @@ __all__ = [
     "enqueue_many",
     "task",
 ]
-# One place for the version: pyproject.toml, read back from the installed distribution.
-__version__: str = _distribution_version("django-stalwart")
+# One place for the version: pyproject.toml, read back from the installed distribution (a
+# source tree put on the path without being installed has none to read).
+try:
+    __version__: str = _distribution_version("django-stalwart")
+except PackageNotFoundError:  # pragma: no cover - only outside any installation
+    __version__ = "0+unknown"
