@@ -25,6 +25,7 @@ from django.db import connections
 
 from stalwart import events, log
 from stalwart.conf import Options
+from stalwart.db import hints
 from stalwart.db.deadline import cut
 from stalwart.db.retry import lost_connections_to_the_caller
 from stalwart.db.session import bookkeeping
@@ -33,7 +34,7 @@ from stalwart.processes import forking, verdicts
 from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
 from stalwart.processes.heartbeat import Heartbeat
 from stalwart.processes.liveness import Liveness
-from stalwart.processes.outage import DatabaseFailure, Outage
+from stalwart.processes.outage import DatabaseFailure, Outage, hint_for
 from stalwart.processes.registry import Registration, process_name
 from stalwart.processes.verdicts import Verdict
 from stalwart.processes.wakeup import Waker
@@ -286,9 +287,12 @@ class Role:
                 self._heartbeat.join(min(self.config.heartbeat_interval, 2.0))
             # Give back what is still held while the row still says whose it is (so no orphan
             # sweep takes it first), then the row: the last writes before the process ends.
-            self.final_release()
-            self._leave()
-            self._add_counts()
+            # One try each on a lost or refused connection: the stop has a bound, and what
+            # these leave undone a prune does once the row is silent.
+            with lost_connections_to_the_caller():
+                self.final_release()
+                self._leave()
+                self._add_counts()
             connections.close_all()  # this thread's; forked children must not keep them either
             events.emit(
                 "process_stopped",
@@ -309,10 +313,35 @@ class Role:
             events.emit("metrics_not_stored", process=self.name, error=str(error))
 
     def _register(self) -> bool:
-        """Register our row, waiting out a database outage; False if stopped first."""
+        """Register our row, waiting out a database outage (and saying so, once); False if
+        stopped first. Stalwart's tables missing for longer than ``process_alive_threshold``
+        (time for a deploy's ``migrate`` to finish) is no outage: the error is raised, and
+        the command exits with it."""
+        missing_since: float | None = None
         while not self.stop_requested:
-            if self.step(lambda: self.registration.register(self.metadata())) is not FAILED:
-                return True
+            try:
+                with lost_connections_to_the_caller():
+                    self.registration.register(self.metadata())
+            except DatabaseFailure as error:
+                delay = self.outage.failed(error)
+                if self.outage.failures == 1:
+                    events.emit(
+                        "process_waiting_for_database",
+                        kind=self.kind,
+                        process=self.name,
+                        hint=hint_for(error, self.database),
+                    )
+                if hints.classify(error) != hints.MISSING_TABLES:
+                    missing_since = None
+                else:
+                    now = time.monotonic()
+                    missing_since = now if missing_since is None else missing_since
+                    if now - missing_since >= self.config.process_alive_threshold:
+                        raise
+                self.pause(delay)
+                continue
+            self.outage.succeeded()
+            return True
         return False
 
     def _leave(self) -> None:
