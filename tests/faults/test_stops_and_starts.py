@@ -14,7 +14,6 @@
 """
 
 import contextlib
-import os
 import signal
 import socket
 import tempfile
@@ -135,7 +134,7 @@ def notify_socket() -> Iterator[socket.socket]:
     finally:
         sock.close()
         path.unlink(missing_ok=True)
-        os.rmdir(directory)
+        path.parent.rmdir()
 
 
 def _messages(sock: socket.socket) -> list[str]:
