@@ -484,3 +484,40 @@ def ledger_insert(context: TaskContext) -> int:
     book.append("start", job, attempt, started)
     book.append("end", job, attempt, book.now())
     return os.getpid()
+
+
+# A subprocess that handles TERM (it says so in the ledger) and keeps writing to the ledger.
+_WRITER = (
+    "import signal, sys, time\n"
+    "from tests.faults import ledger as book\n"
+    "job, attempt = sys.argv[1], int(sys.argv[2])\n"
+    "signal.signal(signal.SIGTERM, lambda *_: book.append('termed', job, attempt, book.now()))\n"
+    "while True:\n"
+    "    book.append('wrote', job, attempt, book.now())\n"
+    "    time.sleep(0.02)\n"
+)
+
+
+@stalwart.task(takes_context=True, max_attempts=3, backoff=0)
+def spawn_a_writer_then_die(context: TaskContext) -> int:
+    """Attempt 1 starts a subprocess that outlives TERM and keeps writing to the ledger, then
+    ends its worker at once (``os._exit(3)``); later attempts run as ledger jobs do."""
+    import subprocess
+    import sys
+
+    from tests.faults import ledger as book
+
+    job, attempt = context.task_result.id, context.attempt
+    if attempt > 1:
+        return _ledgered(context, 0.1)
+    book.append("start", job, attempt, book.now())
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, job, str(attempt)])
+    book.append("spawned", job, attempt, writer.pid)
+    ledger = book.Ledger(Path(os.environ[book.ENV]))
+    deadline = time.monotonic() + 30
+    # Until the writer has written (so its TERM handler is in place), bounded.
+    while not any(fields[0] == "wrote" for fields in ledger.lines()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)  # polling the ledger for the writer's first line
+    os._exit(3)
