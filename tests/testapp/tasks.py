@@ -521,3 +521,32 @@ def spawn_a_writer_then_die(context: TaskContext) -> int:
             break
         time.sleep(0.01)  # polling the ledger for the writer's first line
     os._exit(3)
+
+
+@task(takes_context=True)
+def change_the_kernel_timer(context: TaskContext, how: str = "alarm") -> int:
+    """Changes the process's ``ITIMER_REAL`` (``signal.alarm(0)``, or a 600 s timer of its
+    own), then waits for the heartbeat to set it back; returns its pid if it did (bounded),
+    else 0. Recorded in the ledger."""
+    from tests.faults import ledger as book
+
+    job, attempt = context.task_result.id, context.attempt
+    book.append("start", job, attempt, book.now())
+    try:
+        return os.getpid() if _wait_for_the_timer(how) else 0
+    finally:
+        book.append("end", job, attempt, book.now())
+
+
+def _wait_for_the_timer(how: str) -> bool:
+    if how == "alarm":
+        signal.alarm(0)
+    else:
+        signal.setitimer(signal.ITIMER_REAL, 600)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        if 0 < remaining < 300:  # the heartbeat's kill deadline again
+            return True
+        time.sleep(0.02)  # polling the timer for the heartbeat's restoration
+    return False

@@ -269,6 +269,7 @@ class Role:
                 liveness=self.liveness,
                 hard_exit=self.owns_process,
                 session=lambda: self.open_session("heartbeat"),
+                running=self.running_tasks,
             )
             self._heartbeat.start()
         if self.parent_pid is not None:
@@ -370,6 +371,10 @@ class Role:
     def abandons_jobs(self) -> bool:
         """Whether this process ends with jobs still running in its threads."""
         return False
+
+    def running_tasks(self) -> list[str]:
+        """The task paths of the jobs this process runs now (any thread may ask)."""
+        return []
 
     def main(self) -> None:
         raise NotImplementedError
