@@ -34,7 +34,7 @@ from stalwart.processes import forking, verdicts
 from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RECYCLE  # noqa: F401
 from stalwart.processes.heartbeat import Heartbeat
 from stalwart.processes.liveness import Liveness
-from stalwart.processes.outage import DatabaseFailure, Outage, hint_for
+from stalwart.processes.outage import DatabaseFailure, Outage
 from stalwart.processes.registry import Registration, process_name
 from stalwart.processes.verdicts import Verdict
 from stalwart.processes.wakeup import Waker
@@ -326,11 +326,12 @@ class Role:
             except DatabaseFailure as error:
                 delay = self.outage.failed(error)
                 if self.outage.failures == 1:
+                    # (What failed, and what to do, is the outage's line, just before.)
                     events.emit(
                         "process_waiting_for_database",
                         kind=self.kind,
                         process=self.name,
-                        hint=hint_for(error, self.database),
+                        reason="it has not registered: it starts once the database answers",
                     )
                 if hints.classify(error) != hints.MISSING_TABLES:
                     missing_since = None
