@@ -416,6 +416,9 @@ def cancel_jobs(
         ),
         batch_size,
     )
+    # Waiting jobs again: one given back while the requests waited for its row (its worker
+    # died, or stopped) is waiting by now, and is cancelled, not run again.
+    cancelled += _batches(database, batch, batch_size)
     if cancelled or requested:
         events.emit("jobs_cancelled", count=cancelled, requested=requested)
     return Cancelled(cancelled=cancelled, requested=requested)

@@ -73,6 +73,7 @@ _LEVELS = {
     "threads_abandoned": logging.WARNING,
     "deregister_failed": logging.WARNING,
     "database_unavailable": logging.WARNING,
+    "process_waiting_for_database": logging.INFO,
     "database_recovered": logging.INFO,
     "job_runner_crashed": logging.ERROR,
     "release_failed": logging.ERROR,

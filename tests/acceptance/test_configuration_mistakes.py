@@ -205,12 +205,12 @@ def test_a_queue_in_another_database_says_migrate_database_alias(tmp_path):
 
 def test_an_outage_logs_one_line_when_it_starts_and_one_with_a_count_when_it_ends(tmp_path):
     # A worker started before its queue's tables exist: it waits, saying so once, on one
-    # line (with the hint), and says when it is over, with how many tries failed.
+    # line (with the hint), and says when it is over, with how many tries failed. (Tables
+    # missing for process_alive_threshold end it: 30 s leaves migrate time on a busy host.)
     queue = str(tmp_path / "queue.sqlite3")
     connections.close_all()
-    with Child(
-        "queue", "work", "--poll-interval", "0.05", env=child_env(STALWART_QUEUE_DATABASE=queue)
-    ) as worker:
+    env = child_env(STALWART_QUEUE_DATABASE=queue, STALWART_ALIVE="30")
+    with Child("queue", "work", "--poll-interval", "0.05", env=env) as worker:
         wait_for(
             lambda: worker.output.count("action=database_unavailable") == 1,
             timeout=30,

@@ -1,18 +1,24 @@
-"""Wake-ups through PgBouncer in transaction mode (the postgresql-pgbouncer leg).
+"""Wake-ups through PgBouncer in transaction mode (the postgresql-pgbouncer leg), and a pool
+that another application exhausts for as long as the alive threshold.
 
 The queue's connections go through PgBouncer, where a LISTEN is lost as soon as the server
 connection goes back to the pool. With ``listen_database`` (a direct connection) a worker
 hears NOTIFY anyway; without it, it polls, and still runs every job.
 """
 
+import os
 import signal
+import time
+from collections import Counter
 
+import psycopg
 import pytest
 from django.db import connections
 
 from stalwart.models import Job, Process
 from tests.helpers import DATABASES, PGBOUNCER, SESSION_DATABASE, Child, child_env, wait_for
 from tests.testapp import tasks
+from tests.testapp.models import Execution
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=DATABASES),
@@ -79,3 +85,79 @@ def test_without_listen_database_a_worker_behind_pgbouncer_polls_and_runs_every_
         stop(worker)
     assert "session_options_refused" not in worker.output
     assert "Traceback" not in worker.output
+
+
+# How long the pool stays saturated: the issue's 60 s against the default 60 s alive
+# threshold; here the same ratio to this run's threshold (tests.settings: STALWART_ALIVE).
+SATURATION_RATIO = float(os.environ.get("STALWART_PGBOUNCER_SATURATION_RATIO", "1.0"))
+POOL_SIZE = 15  # tests/pgbouncer.py: default_pool_size
+
+
+def holders(count: int) -> list[psycopg.Connection]:
+    """``count`` clients that each take a server connection of the pool and keep it (an open
+    transaction, in transaction mode): another application exhausting the pool."""
+    settings = connections["default"].settings_dict
+    held = []
+    for _ in range(count):
+        client = psycopg.connect(
+            host=settings["HOST"],
+            port=settings["PORT"],
+            user=settings["USER"],
+            dbname=settings["NAME"],
+            connect_timeout=10,
+        )
+        client.execute("SELECT 1")  # the transaction begins, and pins its server connection
+        held.append(client)
+    return held
+
+
+def test_a_saturated_pool_loses_no_job_and_runs_no_finished_body_twice():
+    """Another client holds every server connection of the pool for as long as the alive
+    threshold (``STALWART_PGBOUNCER_SATURATION_RATIO`` times it): the tree's statements
+    wait in PgBouncer's queue, its processes may reach their kill deadline and be replaced,
+    and once the pool is free every job finishes, each body having run to its end once,
+    none charged."""
+    from django.conf import settings
+
+    threshold = settings.TASKS["default"]["OPTIONS"]["process_alive_threshold"]
+    saturation = SATURATION_RATIO * threshold
+    connections.close_all()
+    with Child(
+        "queue", "supervise", "--processes", "1", "--threads", "2", env=child_env()
+    ) as supervisor:
+        wait_for(lambda: Process.objects.count() == 4, timeout=30, message="the tree to register")
+        results = [tasks.record.enqueue(label="saturated", sleep=1.0) for _ in range(6)]
+        wait_for(
+            lambda: Job.objects.filter(status="running").exists(),
+            message="the drain to be under way",
+        )
+        connections.close_all()  # the test's own connection gives its server one back
+        held = holders(POOL_SIZE)
+        try:
+            time.sleep(saturation)  # holding every server connection of the pool
+        finally:
+            for client in held:
+                client.close()
+        ids = [result.id for result in results]
+        wait_for(
+            lambda: Job.objects.filter(pk__in=ids, status="successful").count() == len(ids),
+            timeout=threshold + 60,
+            message="every job to finish once the pool is free",
+        )
+        finished = Counter(
+            str(job_id)
+            for job_id in Execution.objects.filter(label="saturated").values_list(
+                "job_id", flat=True
+            )
+        )
+        assert finished == dict.fromkeys(ids, 1), (
+            f"bodies that ran to their end, per job: {finished}\n{supervisor.output}"
+        )
+        # Starved past their kill deadline, its processes may have ended and been replaced:
+        # the jobs they ran were interrupted, not charged.
+        charged = {
+            str(job.id): len(job.errors) for job in Job.objects.filter(pk__in=ids) if job.errors
+        }
+        assert not charged, f"jobs charged for the pool's saturation: {charged}"
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output

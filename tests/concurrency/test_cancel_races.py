@@ -13,6 +13,7 @@ from django.db import connection, connections, transaction
 
 import stalwart
 from stalwart.control import Cancelled
+from stalwart.jobs import JobStore
 from stalwart.models import Job
 from tests.concurrency.test_claim_races import (  # the race machinery, shared
     ClaimThread,
@@ -22,7 +23,7 @@ from tests.concurrency.test_claim_races import (  # the race machinery, shared
     release,
     wait_until_paused,
 )
-from tests.helpers import DATABASES, register_processes, wait_for
+from tests.helpers import DATABASES, register_processes, row_locks, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -117,3 +118,53 @@ def test_a_cancel_that_locked_the_job_first_wins_and_the_claim_skips_it(
     row = Job.objects.get(pk=job.id)
     assert (row.status, row.owner, row.attempt) == ("cancelled", None, 0)
     assert claim(owner=2, limit=2) == []
+
+
+class ReleaseThread(threading.Thread):
+    """A worker giving a running job back (its process died, or stopped), on its own
+    connection: it locks the job's row, then waits for ``go`` before it releases and
+    commits."""
+
+    def __init__(self, job_id: str, attempt: int) -> None:
+        super().__init__(daemon=True)
+        self.job_id, self.attempt = job_id, attempt
+        self.locked, self.go = threading.Event(), threading.Event()
+        self.released: list | None = None
+
+    def run(self) -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM stalwart_job WHERE id = %s FOR UPDATE", [self.job_id])
+                self.locked.set()
+                self.go.wait(10)
+                self.released = JobStore("default").release(
+                    owner=1, jobs=[(self.job_id, self.attempt)], cause="its worker died"
+                )
+        finally:
+            connections.close_all()
+
+
+def test_a_job_given_back_between_the_cancels_two_phases_is_cancelled(vendor):
+    row_locks(vendor, "SQLite has one writer: a release cannot come between two statements")
+    job = tasks.noop.enqueue()
+    [claimed] = claim(owner=1, limit=1)
+    releasing = ReleaseThread(job.id, claimed.attempt)
+    releasing.start()
+    assert releasing.locked.wait(10), "the release did not lock the row"
+    # The cancel finds the job running, not waiting: it asks it to stop, and that request
+    # waits for the row the worker holds, which gives the job back meanwhile.
+    cancelling = CancelThread(job.id)
+    cancelling.start()
+    wait_for(
+        lambda: cancelling.backend_pid and waiting_for_a_row_lock(cancelling.backend_pid),
+        message="the cancel's request to wait for the release's row lock",
+    )
+    releasing.go.set()
+    releasing.join(10)
+    assert releasing.released is not None
+    assert len(releasing.released) == 1
+    # Neither lost nor run again: the job is cancelled, and the answer says so.
+    assert cancelling.result() == Cancelled(cancelled=1, requested=0)
+    row = Job.objects.get(pk=job.id)
+    assert (row.status, row.owner) == ("cancelled", None)
+    assert claim(owner=2, limit=1) == []

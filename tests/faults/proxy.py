@@ -79,6 +79,10 @@ class Proxy:
         """Stop listening: new connections are refused; open ones go on."""
         listener, self._listener = self._listener, None
         if listener is not None:
+            # Shut down first: a close alone leaves the accept() under way in the kernel,
+            # and it takes one more connection.
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
             listener.close()
 
     def accept(self) -> None:

@@ -206,3 +206,28 @@ def test_bad_rows_inserted_by_hand(any_db):
         "the worker imported the module 'this' named by a row (the Zen of Python was printed)",
     )
     scenario.conclude({**dict.fromkeys(bad, "failed"), **successful(good)})
+
+
+@pytest.mark.parametrize("how", ["alarm", "setitimer"])
+def test_a_task_that_changes_the_kernel_timer_is_named_and_the_timer_restored(pg, how):
+    """``signal.alarm(0)`` would take away the kill deadline that ends a silent worker before
+    anyone may prune it; a timer of the task's own would end the worker at its own time. The
+    heartbeat finds either at its next beat, names the task, and sets the deadline back."""
+    supervisor = pg.fleet.supervise("--processes", "1", "--threads", "1", children=3)
+    job = pg.target.enqueue(tasks.change_the_kernel_timer, how=how).id
+    pg.wait(all_finished([job]), timeout=20, what="the job to end")
+    row = Job.objects.using(ALIAS).get(pk=job)
+    pg.expect(
+        isinstance(row.return_value, int) and row.return_value > 0,
+        f"the kernel timer was not set back while the task waited ({row.status}, "
+        f"returned {row.return_value!r})",
+    )
+    said = [
+        line for line in supervisor.output.splitlines() if "action=kernel_timer_tampered" in line
+    ]
+    pg.expect(
+        said and all("tests.testapp.tasks.change_the_kernel_timer" in line for line in said),
+        f"no kernel_timer_tampered line naming the task: {said}",
+    )
+    pg.stop(supervisor)
+    pg.conclude({job: "successful"})

@@ -24,6 +24,7 @@ from tests.faults.workload import (
     running,
     successful,
 )
+from tests.testapp import tasks
 
 
 def test_sigkill_of_a_worker_mid_job(any_db):
@@ -122,3 +123,29 @@ def test_a_storm_of_terms_is_one_graceful_stop(any_db):
         "some",
     )
     scenario.conclude(successful(ids))
+
+
+def test_a_dead_workers_job_goes_back_only_once_its_process_group_is_gone(pg):
+    """Issue 18, item 5: the job's subprocess handles TERM and keeps writing; the job runs
+    again only once nothing of its dead worker's process group is left."""
+    job = pg.target.enqueue(tasks.spawn_a_writer_then_die).id
+    supervisor = pg.fleet.supervise("--processes", "1", "--threads", "1", children=3)
+    pg.wait(all_finished([job]), timeout=30, what="the job to run again and finish")
+    lines = pg.ledger.lines()
+    writes = [float(fields[4]) for fields in lines if fields[0] == "wrote"]
+    second = [float(fields[4]) for fields in lines if fields[0] == "start" and fields[2] == "2"]
+    writers = [int(fields[4]) for fields in lines if fields[0] == "spawned"]
+    pg.expect(
+        any(fields[0] == "termed" for fields in lines),
+        "the job's subprocess never got TERM (nothing outlived TERM: nothing was tested)",
+    )
+    if writes and second:
+        pg.expect(
+            max(writes) < min(second),
+            f"the dead worker's subprocess still wrote {max(writes) - min(second):.2f} s "
+            "after attempt 2 had started",
+        )
+    pg.expect(second, "attempt 2 never started")
+    pg.expect(not any(alive(pid) for pid in writers), f"the writer {writers} outlived it all")
+    pg.stop(supervisor)
+    pg.conclude({job: "successful"})

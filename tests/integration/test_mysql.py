@@ -8,10 +8,11 @@ order, never sorting.
 """
 
 import threading
+import time
 import uuid
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import DatabaseError, IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
 from stalwart import Call, enqueue_many
@@ -374,3 +375,81 @@ def test_retrying_in_batches_moves_every_failed_job_whatever_the_uuid_order(wide
 
     assert retry_failed(Selection(everything=True), batch_size=300) == 2_000
     assert not Job.objects.filter(status="failed").exists()
+
+
+def test_an_update_waiting_on_a_table_lock_gives_up_at_the_lock_timeout():
+    """MySQL 8's ``max_execution_time`` bounds only SELECTs, and ``innodb_lock_wait_timeout``
+    only row locks: an UPDATE waiting for a metadata lock (``LOCK TABLES``, an ``ALTER
+    TABLE``) would wait for a year. The queue's sessions set ``lock_wait_timeout`` too: with
+    a 30 s statement timeout and a 1 s lock timeout, the blocked UPDATE fails in about 1 s."""
+    from stalwart.db.session import bookkeeping
+
+    outcome: dict = {}
+
+    def blocked_update() -> None:
+        try:
+            bookkeeping(
+                "default",
+                application_name="stalwart:worker:4242",
+                statement_timeout=30,
+                lock_timeout=1,
+            )
+            started = time.monotonic()
+            try:
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("UPDATE stalwart_job SET priority = 0 WHERE priority > 1000")
+            except DatabaseError as error:
+                outcome["error"] = error
+            outcome["took"] = time.monotonic() - started
+        finally:
+            connections.close_all()
+
+    holder = connections.create_connection("default")
+    thread = threading.Thread(target=blocked_update)
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("LOCK TABLES stalwart_job WRITE")
+        thread.start()
+        thread.join(10)
+    finally:
+        with holder.cursor() as cursor:
+            cursor.execute("UNLOCK TABLES")
+        holder.close()
+        thread.join(40)
+    assert "error" in outcome, f"the UPDATE was not stopped: {outcome}"
+    assert outcome["took"] < 5, outcome
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@GLOBAL.lock_wait_timeout")
+        (server_wait,) = cursor.fetchone()
+    assert server_wait > 5  # the application's sessions keep the server's setting
+
+
+def test_the_queues_sessions_bound_every_answer_on_the_client():
+    """MySQL 8 bounds no UPDATE or DELETE that runs long: the client gives up on an answer
+    after the statement timeout and a margin (the application's connections keep theirs)."""
+    from stalwart.db.session import CLIENT_MARGIN, bookkeeping
+
+    seen: dict = {}
+
+    def bookkeeping_thread() -> None:
+        try:
+            bookkeeping(
+                "default",
+                application_name="stalwart:worker:4242",
+                statement_timeout=1.25,
+                lock_timeout=0.5,
+            )
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT @@SESSION.lock_wait_timeout")
+                seen["wait"] = cursor.fetchone()[0]
+            options = connections["default"].settings_dict["OPTIONS"]
+            seen["read"], seen["write"] = options["read_timeout"], options["write_timeout"]
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=bookkeeping_thread)
+    thread.start()
+    thread.join(10)
+    assert seen == {"wait": 1, "read": 2 + CLIENT_MARGIN, "write": 2 + CLIENT_MARGIN}
+    options = connections["default"].settings_dict.get("OPTIONS") or {}
+    assert "read_timeout" not in options

@@ -506,3 +506,69 @@ def ledger_insert(context: TaskContext) -> int:
     book.append("start", job, attempt, started)
     book.append("end", job, attempt, book.now())
     return os.getpid()
+
+
+# A subprocess that handles TERM (it says so in the ledger) and keeps writing to the ledger.
+_WRITER = (
+    "import signal, sys, time\n"
+    "from tests.faults import ledger as book\n"
+    "job, attempt = sys.argv[1], int(sys.argv[2])\n"
+    "signal.signal(signal.SIGTERM, lambda *_: book.append('termed', job, attempt, book.now()))\n"
+    "while True:\n"
+    "    book.append('wrote', job, attempt, book.now())\n"
+    "    time.sleep(0.02)\n"
+)
+
+
+@stalwart.task(takes_context=True, max_attempts=3, backoff=0)
+def spawn_a_writer_then_die(context: TaskContext) -> int:
+    """Attempt 1 starts a subprocess that outlives TERM and keeps writing to the ledger, then
+    ends its worker at once (``os._exit(3)``); later attempts run as ledger jobs do."""
+    import subprocess
+    import sys
+
+    from tests.faults import ledger as book
+
+    job, attempt = context.task_result.id, context.attempt
+    if attempt > 1:
+        return _ledgered(context, 0.1)
+    book.append("start", job, attempt, book.now())
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, job, str(attempt)])
+    book.append("spawned", job, attempt, writer.pid)
+    ledger = book.Ledger(Path(os.environ[book.ENV]))
+    deadline = time.monotonic() + 30
+    # Until the writer has written (so its TERM handler is in place), bounded.
+    while not any(fields[0] == "wrote" for fields in ledger.lines()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)  # polling the ledger for the writer's first line
+    os._exit(3)
+
+
+@task(takes_context=True)
+def change_the_kernel_timer(context: TaskContext, how: str = "alarm") -> int:
+    """Changes the process's ``ITIMER_REAL`` (``signal.alarm(0)``, or a 600 s timer of its
+    own), then waits for the heartbeat to set it back; returns its pid if it did (bounded),
+    else 0. Recorded in the ledger."""
+    from tests.faults import ledger as book
+
+    job, attempt = context.task_result.id, context.attempt
+    book.append("start", job, attempt, book.now())
+    try:
+        return os.getpid() if _wait_for_the_timer(how) else 0
+    finally:
+        book.append("end", job, attempt, book.now())
+
+
+def _wait_for_the_timer(how: str) -> bool:
+    if how == "alarm":
+        signal.alarm(0)
+    else:
+        signal.setitimer(signal.ITIMER_REAL, 600)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        if 0 < remaining < 300:  # the heartbeat's kill deadline again
+            return True
+        time.sleep(0.02)  # polling the timer for the heartbeat's restoration
+    return False

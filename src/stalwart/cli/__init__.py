@@ -127,13 +127,16 @@ def configure_logging(verbosity: int) -> None:
     logger.setLevel({0: logging.ERROR, 1: logging.INFO}.get(verbosity, logging.DEBUG))
 
 
-def end_process(status: int, *, abandon_threads: bool) -> int:
+def end_process(status: int, *, abandon_threads: bool, at_once: bool = False) -> int:
     """End what the jobs started; return ``status``, but if job threads are still running,
-    end the process right now (they must not run on, nor write anything more)."""
+    end the process right now (they must not run on, nor write anything more). ``at_once``:
+    end it right now anyway, its log lines written: the interpreter's own finalization (a
+    collection of the whole heap, seconds on a busy host) must not push a stop past its
+    bound."""
     from stalwart.processes.forking import end_descendants, flush_logs
 
     end_descendants()
-    if abandon_threads:
+    if abandon_threads or at_once:
         flush_logs()
         os._exit(status)
     return status

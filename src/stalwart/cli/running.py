@@ -291,8 +291,9 @@ def supervise(command: Any, options: dict[str, Any]) -> int:
     )
     status = supervisor.run()
     if watcher is not None and watcher.changed is not None and status == 0:
-        return reloading.RELOAD_STATUS
-    return status
+        status = reloading.RELOAD_STATUS
+    # Its children are gone and its last lines are queued: end within the stop's bound.
+    return end_process(status, abandon_threads=False, at_once=True)
 
 
 def refuse_broken_recurring(config: Any) -> None:

@@ -24,9 +24,13 @@ the ``options`` parameter gets a connection without the timeouts and without pre
 statements (and one ``session_options_refused`` event).
 
 On MySQL and MariaDB, which have no startup parameters for them, the same bounds are set on
-each new session right after it connects: ``innodb_lock_wait_timeout`` (whole seconds, 1 at
-least) for the lock timeout, and MariaDB's ``max_statement_time`` (every statement) or
-MySQL's ``max_execution_time`` (SELECTs only) for the statement timeout.
+each new session right after it connects: ``innodb_lock_wait_timeout`` and
+``lock_wait_timeout`` (row and metadata locks; whole seconds, 1 at least) for the lock
+timeout, and MariaDB's ``max_statement_time`` (every statement) or MySQL's
+``max_execution_time`` (SELECTs only) for the statement timeout. Since MySQL bounds no
+UPDATE or DELETE that runs long, the client bounds every answer too: ``read_timeout`` and
+``write_timeout`` of the statement timeout plus ``CLIENT_MARGIN`` seconds (the connection is
+then lost, and the loop reconnects).
 
 Job threads are left alone: their connections belong to the application's code. They alone
 use Django's connection pool, if ``OPTIONS["pool"]`` sets one up.
@@ -45,6 +49,8 @@ from stalwart import events
 # psycopg prepares a statement once it has run this many times: never, unless the statement
 # asks to be (``prepare=True``). Without a threshold (None) it would not even then.
 PREPARED_WHEN_ASKED = sys.maxsize
+# MySQL/MariaDB: seconds the client waits for an answer past the statement timeout.
+CLIENT_MARGIN = 2
 
 
 def bookkeeping(
@@ -97,6 +103,10 @@ def bookkeeping(
         options.setdefault(
             "connect_timeout", max(2, connect_timeout or math.ceil(statement_timeout))
         )
+        # The client's own bound on an answer: MySQL 8 has no server-side bound on an UPDATE
+        # or a DELETE that runs long (max_execution_time covers SELECTs only).
+        for timeout in ("read_timeout", "write_timeout"):
+            options.setdefault(timeout, math.ceil(statement_timeout) + CLIENT_MARGIN)
         connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
         _bounded_mysql_sessions(connection, statement_timeout, lock_timeout)
         if connection.connection is not None:
@@ -128,9 +138,12 @@ def _bounded_mysql_sessions(connection: Any, statement_timeout: float, lock_time
             statement = f"max_execution_time = {max(1, round(statement_timeout * 1000))}"
         cursor = raw.cursor()
         try:
+            wait = max(1, math.ceil(lock_timeout))
+            # Row locks (InnoDB's), and metadata locks (LOCK TABLES, an ALTER TABLE): an
+            # UPDATE or a DELETE waits for either, and on MySQL nothing else bounds it.
             cursor.execute(
-                f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(lock_timeout))}, "
-                f"SESSION {statement}"
+                f"SET SESSION innodb_lock_wait_timeout = {wait}, "
+                f"SESSION lock_wait_timeout = {wait}, SESSION {statement}"
             )
         finally:
             cursor.close()

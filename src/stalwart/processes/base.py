@@ -25,6 +25,7 @@ from django.db import connections
 
 from stalwart import events, log
 from stalwart.conf import Options
+from stalwart.db import hints
 from stalwart.db.deadline import cut
 from stalwart.db.retry import lost_connections_to_the_caller
 from stalwart.db.session import bookkeeping
@@ -273,6 +274,7 @@ class Role:
                 session=lambda: self.open_session("heartbeat"),
                 holding=self.holds_running_work,
                 gate=self.claim_gate,
+                running=self.running_tasks,
             )
             self._heartbeat.start()
         if self.parent_pid is not None:
@@ -291,9 +293,12 @@ class Role:
                 self._heartbeat.join(min(self.config.heartbeat_interval, 2.0))
             # Give back what is still held while the row still says whose it is (so no orphan
             # sweep takes it first), then the row: the last writes before the process ends.
-            self.final_release()
-            self._leave()
-            self._add_counts()
+            # One try each on a lost or refused connection: the stop has a bound, and what
+            # these leave undone a prune does once the row is silent.
+            with lost_connections_to_the_caller():
+                self.final_release()
+                self._leave()
+                self._add_counts()
             connections.close_all()  # this thread's; forked children must not keep them either
             events.emit(
                 "process_stopped",
@@ -323,10 +328,36 @@ class Role:
             events.emit("metrics_not_stored", process=self.name, error=str(error))
 
     def _register(self) -> bool:
-        """Register our row, waiting out a database outage; False if stopped first."""
+        """Register our row, waiting out a database outage (and saying so, once); False if
+        stopped first. Stalwart's tables missing for longer than ``process_alive_threshold``
+        (time for a deploy's ``migrate`` to finish) is no outage: the error is raised, and
+        the command exits with it."""
+        missing_since: float | None = None
         while not self.stop_requested:
-            if self.step(lambda: self.registration.register(self.metadata())) is not FAILED:
-                return True
+            try:
+                with lost_connections_to_the_caller():
+                    self.registration.register(self.metadata())
+            except DatabaseFailure as error:
+                delay = self.outage.failed(error)
+                if self.outage.failures == 1:
+                    # (What failed, and what to do, is the outage's line, just before.)
+                    events.emit(
+                        "process_waiting_for_database",
+                        kind=self.kind,
+                        process=self.name,
+                        reason="it has not registered: it starts once the database answers",
+                    )
+                if hints.classify(error) != hints.MISSING_TABLES:
+                    missing_since = None
+                else:
+                    now = time.monotonic()
+                    missing_since = now if missing_since is None else missing_since
+                    if now - missing_since >= self.config.process_alive_threshold:
+                        raise
+                self.pause(delay)
+                continue
+            self.outage.succeeded()
+            return True
         return False
 
     def _leave(self) -> None:
@@ -361,6 +392,10 @@ class Role:
         ``claim_gate`` held). While none does, a long outage does not end the process at
         the kernel's deadline (see heartbeat.py). Roles that run no jobs: False."""
         return False
+
+    def running_tasks(self) -> list[str]:
+        """The task paths of the jobs this process runs now (any thread may ask)."""
+        return []
 
     def main(self) -> None:
         raise NotImplementedError

@@ -58,6 +58,7 @@ class Heartbeat(threading.Thread):
         session: Callable[[], None] | None = None,
         holding: Callable[[], bool] | None = None,
         gate: threading.Lock | None = None,
+        running: Callable[[], list[str]] = list,
     ) -> None:
         super().__init__(name="stalwart-heartbeat", daemon=True)
         self.registration = registration
@@ -74,6 +75,7 @@ class Heartbeat(threading.Thread):
         # ``gate`` held, the lock the role takes to decide whether to claim.
         self.holding = holding
         self.gate = gate if gate is not None else threading.Lock()
+        self.running = running  # the task paths running now (named when the timer is changed)
         self.last_success = time.monotonic()  # the sending time of the last beat that worked
         self.suspended = False
         self.verdict: Verdict | None = None
@@ -184,6 +186,8 @@ class Heartbeat(threading.Thread):
 
     def _arm(self, sent: float) -> None:
         if self.hard_exit and not self._stop_event.is_set():
+            # A change made since the last look would be overwritten unsaid: look first.
+            self._check_timer()
             self._armed_until = sent + self.deadlines.kill
             remaining = self._armed_until - time.monotonic()
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001))
@@ -197,12 +201,18 @@ class Heartbeat(threading.Thread):
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
         if abs(remaining - expected) <= TIMER_TOLERANCE:
             return
+        try:
+            tasks = ",".join(sorted(set(self.running())))
+        except Exception:  # noqa: BLE001 - naming suspects must never stop the beats
+            tasks = ""
         events.emit(
             "kernel_timer_tampered",
             process=self.registration.name,
+            tasks=tasks,
             found=round(remaining, 3),
             expected=round(expected, 3),
-            reason="a task called signal.alarm() or setitimer(ITIMER_REAL), which Stalwart's "
+            reason="a task running here (one of tasks) called signal.alarm() or "
+            "setitimer(ITIMER_REAL), which Stalwart's "
             "processes use to end themselves before they may be taken for dead; restored",
         )
         signal.setitimer(signal.ITIMER_REAL, max(expected, 0.001))

@@ -161,6 +161,9 @@ class Worker(Role):
 
     # -- reporting ---------------------------------------------------------------------------
 
+    def running_tasks(self) -> list[str]:
+        return [job.task_path for job in list(self.held.values())]
+
     def metadata(self) -> dict[str, Any]:
         return {
             **super().metadata(),
