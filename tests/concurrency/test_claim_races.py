@@ -19,9 +19,9 @@ from stalwart.queues import QueueSelector
 from tests.helpers import (
     DATABASES,
     SESSION_DATABASE,
+    impatient,
     register_processes,
     row_locks,
-    transaction_lock_timeout,
     wait_for,
 )
 from tests.testapp import tasks
@@ -40,6 +40,14 @@ PAUSE_LOCK = 4242
 
 
 def claim(owner: int, limit: int) -> list:
+    """A claim that raises, rather than hangs, if it ever waits on a row lock."""
+    with impatient():
+        return claim_waiting(owner, limit)
+
+
+def claim_waiting(owner: int, limit: int) -> list:
+    """A claim with no lock timeout of its own: one paused by the trigger waits on the pause
+    lock, which PostgreSQL's ``lock_timeout`` would also end."""
     return JobStore("default").claim(
         owner=owner, worker_name=f"w{owner}", selector=EVERYTHING, limit=limit
     )
@@ -62,7 +70,10 @@ class ClaimThread(threading.Thread):
                 return
             with transaction.atomic():
                 self.backend_pid = paused_session(self.paused)
-                self.claimed = claim(self.owner, self.limit)
+                if self.paused:
+                    self.claimed = claim_waiting(self.owner, self.limit)
+                else:
+                    self.claimed = claim(self.owner, self.limit)
         except BaseException as error:  # noqa: BLE001 - reported by result()
             self.error = error
         finally:
@@ -194,9 +205,8 @@ def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
         other.set_autocommit(False)
         with other.cursor() as cursor:
             cursor.execute("SELECT id FROM stalwart_job WHERE id = %s FOR UPDATE", [high.id])
-        # Had the claim waited on the lock, lock_timeout would raise instead of returning.
-        with transaction_lock_timeout(2):
-            first = claim(owner=1, limit=2)
+        # Had the claim waited on the lock, its lock timeout would raise instead of returning.
+        first = claim(owner=1, limit=2)
         assert [str(job.id) for job in first] == [low.id]
         other.rollback()
     finally:
