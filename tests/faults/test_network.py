@@ -28,6 +28,18 @@ from tests.faults.workload import (
 )
 
 
+def beaten_since(scenario, supervisor, moment):
+    """Every process of the tree has beaten since ``moment`` (the database's clock)."""
+
+    def check() -> bool:
+        family = scenario.fleet.family(supervisor)
+        pids = [supervisor.pid, *(pid for pids in family.values() for pid in pids)]
+        rows = scenario.fleet.rows().filter(pid__in=pids)
+        return len(pids) > 1 and not rows.filter(last_heartbeat_at__lte=moment).exists()
+
+    return check
+
+
 def settled(scenario, supervisor):
     """Every process of the tree has beaten twice: its threads hold their connections (a
     connection opened through a slowed link would take many slow round trips)."""
@@ -149,7 +161,15 @@ def test_slow_heartbeat_answers_never_let_a_pruner_take_a_live_workers_job(proxi
     proxied.wait(settled(proxied, slow), timeout=10, what="the slow tree to beat twice")
 
     proxied.proxy.latency(2.0, answers_only=True)
-    time.sleep(3)  # a beat or two with slow answers
+    # Every process of the slow tree beats twice with slow answers: its second beat is sent
+    # only once the first's slow answer has come back.
+    for _ in range(2):
+        moment = proxied.target.now()
+        proxied.wait(
+            beaten_since(proxied, slow, moment),
+            timeout=20,
+            what="the slow tree to beat with slow answers",
+        )
     proxied.proxy.stall(requests_only=True)
     time.sleep(ALIVE + 1)  # holding the stall past the alive threshold
     proxied.proxy.unstall()
