@@ -28,14 +28,14 @@ from tests.faults.workload import (
 )
 
 
-def beaten_since(scenario, supervisor, moment):
-    """Every process of the tree has beaten since ``moment`` (the database's clock)."""
+def resumed_after(supervisor, offset: int, *, children: int):
+    """Every one of the supervisor's ``children`` has logged, after ``offset`` characters of
+    the tree's output, that it went on after a heartbeat that waited."""
 
     def check() -> bool:
-        family = scenario.fleet.family(supervisor)
-        pids = [supervisor.pid, *(pid for pids in family.values() for pid in pids)]
-        rows = scenario.fleet.rows().filter(pid__in=pids)
-        return len(pids) > 1 and not rows.filter(last_heartbeat_at__lte=moment).exists()
+        lines = supervisor.output[offset:].splitlines()
+        pids = {line.split()[2] for line in lines if "action=process_resumed" in line}
+        return len(pids) >= children
 
     return check
 
@@ -161,15 +161,14 @@ def test_slow_heartbeat_answers_never_let_a_pruner_take_a_live_workers_job(proxi
     proxied.wait(settled(proxied, slow), timeout=10, what="the slow tree to beat twice")
 
     proxied.proxy.latency(2.0, answers_only=True)
-    # Every process of the slow tree beats twice with slow answers: its second beat is sent
-    # only once the first's slow answer has come back.
-    for _ in range(2):
-        moment = proxied.target.now()
-        proxied.wait(
-            beaten_since(proxied, slow, moment),
-            timeout=20,
-            what="the slow tree to beat with slow answers",
-        )
+    # A beat with a slow answer, in every child of the slow tree: each holds itself back
+    # while its beat waits (over 1.5 s), and goes on once the late answer has come back.
+    logged = len(slow.output)
+    proxied.wait(
+        resumed_after(slow, logged, children=4),
+        timeout=20,
+        what="every child of the slow tree to get a slow answer to a beat",
+    )
     proxied.proxy.stall(requests_only=True)
     time.sleep(ALIVE + 1)  # holding the stall past the alive threshold
     proxied.proxy.unstall()
