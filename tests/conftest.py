@@ -21,6 +21,19 @@ def vendor() -> str:
     return connection.vendor
 
 
+@pytest.fixture(autouse=True)
+def reap_children():
+    """Kill and reap (whole tree) every child process a test started and left running: one
+    whose test failed, or one it forgot. Left, it would go on claiming from the test
+    database in later tests."""
+    from tests.helpers import UNREAPED
+
+    before = set(UNREAPED)
+    yield
+    for child in UNREAPED - before:
+        child.__exit__()
+
+
 @pytest.fixture
 def recorded_events():
     """Every event emitted during the test, as (action, fields) pairs."""

@@ -126,6 +126,10 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Every child started and not yet reaped: what a test leaves here (it failed, or forgot one)
+# is killed and reaped when it ends (tests/conftest.py, reap_children).
+UNREAPED: set["Child"] = set()
+
 # Run before each started child: the kernel SIGKILLs the child if the test run ends without
 # reaping it (pytest itself killed, so no fixture's teardown runs); its own children then
 # notice their supervisor is gone and stop on their own. util-linux's setpriv sets this and
@@ -135,7 +139,7 @@ _DIE_WITH_THE_TEST_RUN = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.whic
 
 class Child:
     """A process running ``python -m django …`` (or another module) against the test
-    database. Always reaped."""
+    database. Always reaped: by the test, or else when it ends (``UNREAPED``)."""
 
     def __init__(
         self,
@@ -159,6 +163,7 @@ class Child:
             start_new_session=True,
         )
         self._output: str | None = None
+        UNREAPED.add(self)
 
     @property
     def output(self) -> str:
@@ -173,6 +178,7 @@ class Child:
         if self._output is None:
             self._output = self.output
             self._log.close()
+        UNREAPED.discard(self)
 
     @property
     def pid(self) -> int:
@@ -345,6 +351,24 @@ def transaction_lock_timeout(seconds: float) -> Iterator[None]:
             if connection.vendor == "mysql":
                 with connection.cursor() as cursor:
                     cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+
+
+# How long a claim a race test makes directly may wait on a row lock. A claim skips locked
+# rows, so never waits on one: a claim that stopped skipping them raises after this, instead
+# of hanging the test until the run's timeout.
+CLAIM_PATIENCE = 5.0
+
+
+@contextlib.contextmanager
+def impatient(seconds: float = CLAIM_PATIENCE) -> Iterator[None]:
+    """A transaction in which waiting on a row lock for ``seconds`` raises
+    (``transaction_lock_timeout``), around a claim or another statement that must never wait
+    on one. On SQLite, nothing: its one writer waits for the database lock, as it should."""
+    if connection.vendor == "sqlite":
+        yield
+        return
+    with transaction_lock_timeout(seconds):
+        yield
 
 
 def row_locks(vendor: str, reason: str) -> None:

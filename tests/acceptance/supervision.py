@@ -3,31 +3,22 @@
 import signal
 
 import psutil
-from django.db import connections
 from django.db.models import Count
 
 from stalwart.models import Job, Process
-from tests.helpers import Child, child_env, wait_for
+from tests.helpers import Child
+from tests.processes import start_supervisor
 from tests.testapp.models import Execution
 
-
-def start_supervisor(*args: str, children: int, **env: str) -> Child:
-    """Start a supervisor and wait until it and its ``children`` have registered."""
-    connections.close_all()
-    supervisor = Child("queue", "supervise", *args, env=child_env(**env))
-
-    def registered() -> bool:
-        if supervisor.process.poll() is not None:
-            raise AssertionError(f"the supervisor exited early:\n{supervisor.output}")
-        row = Process.objects.filter(pid=supervisor.pid, kind="supervisor").first()
-        return row is not None and Process.objects.filter(supervisor=row.id).count() == children
-
-    try:
-        wait_for(registered, timeout=30, message=f"a supervisor with {children} children")
-    except BaseException:
-        supervisor.__exit__()  # killed and reaped, whole tree, before the failure propagates
-        raise
-    return supervisor
+__all__ = [
+    "assert_nothing_left_behind",
+    "executions_per_job",
+    "gone",
+    "owner_pid",
+    "running",
+    "start_supervisor",
+    "stop",
+]
 
 
 def stop(supervisor: Child, signum: int = signal.SIGTERM, timeout: float = 40) -> int:

@@ -94,7 +94,9 @@ def test_a_retry_waits_its_backoff_by_the_database_clock(skewed, offset):
         assert worker.wait(timeout=30) == 0, worker.output
     job = Job.objects.get(pk=result.id)
     waits = (job.available_at - job.last_attempted_at).total_seconds()
-    assert 29 <= waits <= 32, f"the retry waits {waits:.1f} s by the database clock, not 30 s"
+    # Never before its 30 s by the database's clock; after it by the attempt's run and its
+    # write (a moment, allowed many times over). Either skew would be far outside: 630 s, -60 s.
+    assert 30 <= waits < 45, f"the retry waits {waits:.1f} s by the database clock, not 30 s"
 
 
 def test_pruning_from_a_host_whose_clock_is_fast_keeps_recent_jobs(skewed):

@@ -19,6 +19,7 @@ from stalwart.cli import SUBCOMMANDS
 from stalwart.models import Job, Process
 from stalwart.processes.registry import Registration
 from tests.helpers import Child, child_env, wait_for
+from tests.processes import start_supervisor
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -30,19 +31,6 @@ def run(*args: str, **env: str) -> Child:
     child = Child("queue", *args, env=child_env(**env))
     child.wait(timeout=60)
     return child
-
-
-def start_supervisor(*args: str, workers: int = 1) -> Child:
-    connections.close_all()
-    supervisor = Child("queue", "supervise", "--no-scheduler", *args, env=child_env())
-
-    def ready() -> bool:
-        if supervisor.process.poll() is not None:
-            raise AssertionError(supervisor.output)
-        return Process.objects.filter(kind="worker").count() == workers
-
-    wait_for(ready, timeout=30, message="the supervisor's workers")
-    return supervisor
 
 
 # -- check ---------------------------------------------------------------------------------
@@ -117,7 +105,7 @@ def test_status_check_fails_for_a_dead_process_row():
 
 
 def test_status_check_passes_with_live_workers():
-    with start_supervisor("--processes", "1") as supervisor:
+    with start_supervisor("--no-scheduler", "--processes", "1", workers=1) as supervisor:
         tasks.add.enqueue(1, 1)
         wait_for(lambda: Job.objects.filter(status="successful").exists(), message="a job")
         healthy = run("status", "--check")
@@ -148,7 +136,9 @@ def test_status_check_this_host_judges_only_the_hosts_own_processes():
     assert f"unhealthy: no live supervisor or worker of host {here!r} is registered" in (
         alone.output
     )
-    with start_supervisor("--processes", "1", "--queues", "default") as supervisor:
+    with start_supervisor(
+        "--no-scheduler", "--processes", "1", "--queues", "default", workers=1
+    ) as supervisor:
         cluster = run("status", "--check")
         assert cluster.process.returncode == 1  # the orphans, the silent rows
         local = run("status", "--check", "--this-host")
@@ -324,7 +314,7 @@ def test_django_flags_work_after_the_subcommand():
 def test_a_worker_past_its_memory_limit_is_replaced_without_losing_or_repeating_a_job():
     total = 16
     with start_supervisor(
-        "--processes", "1", "--threads", "2", "--max-memory-mb", "110"
+        "--no-scheduler", "--processes", "1", "--threads", "2", "--max-memory-mb", "110", workers=1
     ) as supervisor:
         enqueue_many(tasks.hog, [Call(megabytes=15, sleep=0.25)] * total)
         wait_for(
@@ -372,7 +362,9 @@ def test_logs_carry_a_failures_traceback_once_and_no_argument_values():
 
 
 def test_an_idle_worker_is_quiet_at_info():
-    with start_supervisor("--processes", "1", "--dispatchers", "1") as supervisor:
+    with start_supervisor(
+        "--no-scheduler", "--processes", "1", "--dispatchers", "1", workers=1
+    ) as supervisor:
         # Start-up is logged, once: the supervisor's, the worker's and the dispatcher's lines.
         wait_for(
             lambda: supervisor.output.count("action=process_started") == 3,

@@ -15,8 +15,9 @@ import psycopg
 import pytest
 from django.db import connections
 
-from stalwart.models import Job, Process
-from tests.helpers import DATABASES, PGBOUNCER, SESSION_DATABASE, Child, child_env, wait_for
+from stalwart.models import Job
+from tests import processes
+from tests.helpers import DATABASES, PGBOUNCER, SESSION_DATABASE, Child, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
@@ -31,17 +32,7 @@ pytestmark = [
 
 
 def start_worker(*extra: str, **env: str) -> Child:
-    connections.close_all()
-    worker = Child("queue", "work", "--threads", "2", *extra, env=child_env(**env))
-    wait_for(
-        lambda: (
-            worker.process.poll() is not None or Process.objects.filter(pid=worker.pid).exists()
-        ),
-        timeout=30,
-        message="the worker to register",
-    )
-    assert worker.process.poll() is None, worker.output
-    return worker
+    return processes.start_worker("--threads", "2", *extra, **env)
 
 
 def listening_sessions(pid: int) -> int:

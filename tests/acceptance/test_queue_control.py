@@ -7,33 +7,16 @@ from collections import defaultdict
 
 import psutil
 import pytest
-from django.db import connections
 from django.db.models import Count
 
 from stalwart import Call, enqueue_many
 from stalwart.models import Job, Process
 from tests.helpers import Child, child_env, wait_for
+from tests.processes import start_supervisor
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def start_supervisor(*args: str, workers: int, **env: str) -> Child:
-    connections.close_all()
-    supervisor = Child("queue", "supervise", "--no-scheduler", *args, env=child_env(**env))
-
-    def ready() -> bool:
-        if supervisor.process.poll() is not None:
-            raise AssertionError(f"the supervisor exited early:\n{supervisor.output}")
-        row = Process.objects.filter(pid=supervisor.pid).first()
-        return (
-            row is not None
-            and Process.objects.filter(supervisor=row.id, kind="worker").count() == workers
-        )
-
-    wait_for(ready, timeout=30, message=f"a supervisor with {workers} workers")
-    return supervisor
 
 
 def stop(supervisor: Child) -> None:
@@ -45,7 +28,9 @@ def test_a_limit_of_one_per_key_is_never_exceeded_even_when_a_worker_dies():
     keys = [f"account-{n}" for n in range(5)]
     rng = random.Random(3)
     calls = [Call(rng.choice(keys), sleep=0.002) for _ in range(500)]
-    with start_supervisor("--processes", "4", "--threads", "3", workers=4) as supervisor:
+    with start_supervisor(
+        "--no-scheduler", "--processes", "4", "--threads", "3", workers=4
+    ) as supervisor:
         enqueue_many(tasks.one_at_a_time, calls)
         wait_for(
             lambda: Job.objects.filter(status="successful").count() == len(calls),
@@ -95,9 +80,14 @@ def test_a_limit_of_one_per_key_is_never_exceeded_even_when_a_worker_dies():
 
 
 def test_pause_and_resume_apply_to_every_supervisor():
-    first = start_supervisor("--processes", "1", "--threads", "2", workers=1)
-    second = start_supervisor("--processes", "1", "--threads", "2", workers=1)
-    with first, second:
+    with (
+        start_supervisor(
+            "--no-scheduler", "--processes", "1", "--threads", "2", workers=1
+        ) as first,
+        start_supervisor(
+            "--no-scheduler", "--processes", "1", "--threads", "2", workers=1
+        ) as second,
+    ):
         long_job = tasks.record.using(queue_name="reports").enqueue(label="long", sleep=2)
         wait_for(
             lambda: Job.objects.get(pk=long_job.id).status == "running",
@@ -145,7 +135,9 @@ def test_pause_and_resume_apply_to_every_supervisor():
 
 
 def test_a_job_past_its_timeout_is_failed_and_its_worker_replaced():
-    with start_supervisor("--processes", "1", "--threads", "2", workers=1) as supervisor:
+    with start_supervisor(
+        "--no-scheduler", "--processes", "1", "--threads", "2", workers=1
+    ) as supervisor:
         worker = Process.objects.get(kind="worker")
         stuck = tasks.overruns.enqueue(30)
         neighbour = tasks.record.enqueue(label="neighbour", sleep=1.5)

@@ -12,7 +12,10 @@ import pytest
 from django.tasks import TaskResultStatus
 
 from stalwart import Call, enqueue_many
+from stalwart.db import Outcome
+from stalwart.jobs import JobStore
 from stalwart.models import Job, Process
+from stalwart.serialization import dumps
 from tests.acceptance.supervision import (
     assert_nothing_left_behind,
     executions_per_job,
@@ -205,6 +208,7 @@ def test_a_stalled_worker_is_pruned_its_job_runs_elsewhere_and_its_late_result_i
     reaped.append(supervisor)
     result = tasks.record.enqueue(label="stalled", sleep=3)
     wait_for(lambda: running(result.id), message="the job to start")
+    stale = Job.objects.get(pk=result.id)
     stalled = owner_pid(result.id)
     psutil.Process(stalled).suspend()  # SIGSTOP
     try:
@@ -214,23 +218,56 @@ def test_a_stalled_worker_is_pruned_its_job_runs_elsewhere_and_its_late_result_i
             message="the stalled worker to be pruned",
         )
         wait_for(
+            lambda: Job.objects.get(pk=result.id).attempt == 2,
+            timeout=15,
+            message="the job to be claimed again by the other worker",
+        )
+        # The stalled worker's late result, written as it would write it on waking: through
+        # the worker's own outcome-writing statement, with its owner and attempt. While the
+        # second attempt runs, it changes nothing...
+        late_finish(stale, return_value=stalled)
+        wait_for(
             lambda: Job.objects.get(pk=result.id).status == "successful",
             timeout=30,
             message="the job to run on the other worker",
         )
+        # ...nor once that attempt has finished.
+        late_finish(stale, return_value=stalled)
     finally:
         psutil.Process(stalled).resume()  # SIGCONT
     job = Job.objects.get(pk=result.id)
-    assert job.attempt == 2
-    assert job.return_value != stalled  # the result written is the second worker's
+    assert (job.status, job.attempt) == ("successful", 2)
+    second = Execution.objects.get(label="stalled", attempt=2)
+    assert second.pid != stalled
+    assert job.return_value == second.pid  # the result written is the second worker's
     wait_for(lambda: gone(stalled), timeout=15, message="the stale worker to stop")
-    # Its late finish changed nothing.
-    assert Job.objects.get(pk=result.id).return_value == job.return_value
+    assert Job.objects.get(pk=result.id).return_value == second.pid
     assert 1 <= Execution.objects.filter(label="stalled").count() <= 2
     assert stop(supervisor) == 0, supervisor.output
     # Its heartbeat deadline passed while it was stopped: the kernel ended it on SIGCONT.
     assert f'pid={stalled} how="was killed by SIGALRM"' in supervisor.output, supervisor.output
     assert_nothing_left_behind()
+
+
+def late_finish(stale: Job, *, return_value: int) -> None:
+    """Write a successful outcome for ``stale``'s attempt, as its owner: nothing is written,
+    and the job is left to its new attempt."""
+    written = JobStore("default").finish(
+        owner=stale.owner,
+        outcomes=[
+            Outcome(
+                id=stale.id,
+                attempt=stale.attempt,
+                status="successful",
+                return_value=dumps(return_value),
+            )
+        ],
+    )
+    assert written == {}
+    job = Job.objects.get(pk=stale.id)
+    assert job.attempt == stale.attempt + 1
+    assert job.owner != stale.owner
+    assert job.return_value != return_value
 
 
 # 5 -------------------------------------------------------------------------------------------

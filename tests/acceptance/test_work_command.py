@@ -3,10 +3,10 @@
 import signal
 
 import pytest
-from django.db import connections
 from django.tasks import TaskResultStatus
 
 from stalwart.models import Job, Process
+from tests import processes
 from tests.helpers import Child, child_env, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution
@@ -14,19 +14,10 @@ from tests.testapp.models import Execution
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def start_worker(*extra: str, **env: str) -> Child:
-    connections.close_all()
-    worker = Child(
-        "queue", "work", "--threads", "2", "--poll-interval", "0.05", *extra, env=child_env(**env)
+def start_worker(*extra: str, may_exit: bool = False, **env: str) -> Child:
+    return processes.start_worker(
+        "--threads", "2", "--poll-interval", "0.05", *extra, may_exit=may_exit, **env
     )
-    wait_for(
-        lambda: (
-            worker.process.poll() is not None or Process.objects.filter(pid=worker.pid).exists()
-        ),
-        timeout=30,
-        message="the worker to register",
-    )
-    return worker
 
 
 def running(job_id: str) -> bool:
@@ -45,7 +36,7 @@ def test_term_lets_a_job_shorter_than_the_timeout_finish_once():
     assert Execution.objects.filter(label="short").count() == 1
     assert not Process.objects.exists()
     # Started again, a worker finds nothing to re-run.
-    with start_worker("--stop-when-empty") as again:
+    with start_worker("--stop-when-empty", may_exit=True) as again:
         assert again.wait(timeout=30) == 0
     assert Execution.objects.filter(label="short").count() == 1
 
@@ -122,7 +113,7 @@ def test_a_second_ctrl_c_stops_at_once_as_the_first_one_says():
 
 def test_stop_when_empty_drains_and_exits():
     results = [tasks.add.enqueue(i, i) for i in range(20)]
-    with start_worker("--stop-when-empty") as worker:
+    with start_worker("--stop-when-empty", may_exit=True) as worker:
         assert worker.wait(timeout=30) == 0, worker.output
     for result in results:
         result.refresh()
@@ -133,7 +124,9 @@ def test_stop_when_empty_drains_and_exits():
 def test_max_jobs_runs_that_many_jobs_whatever_the_threads_then_exits_4(threads, max_jobs):
     for number in range(10):
         tasks.record.enqueue(label=f"job-{number}", sleep=0.05)
-    with start_worker("--threads", str(threads), "--max-jobs", str(max_jobs)) as worker:
+    with start_worker(
+        "--threads", str(threads), "--max-jobs", str(max_jobs), may_exit=True
+    ) as worker:
         assert worker.wait(timeout=30) == 4, worker.output
     assert Execution.objects.count() == max_jobs
     assert Job.objects.filter(status="successful").count() == max_jobs

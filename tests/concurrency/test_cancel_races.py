@@ -9,7 +9,7 @@ loser leaves the row as the winner wrote it.
 import threading
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 import stalwart
 from stalwart.control import Cancelled
@@ -22,6 +22,7 @@ from tests.concurrency.test_claim_races import (  # the race machinery, shared
     paused_session,
     release,
     wait_until_paused,
+    waiting_for_a_row_lock,
 )
 from tests.helpers import DATABASES, register_processes, row_locks, wait_for
 from tests.testapp import tasks
@@ -60,23 +61,6 @@ class CancelThread(threading.Thread):
         if self.error:
             raise self.error
         return self.done
-
-
-def waiting_for_a_row_lock(backend_pid: int) -> bool:
-    with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            cursor.execute(
-                "SELECT 1 FROM information_schema.INNODB_TRX "
-                "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
-                [backend_pid],
-            )
-            return cursor.fetchone() is not None
-        cursor.execute(
-            "SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted "
-            "AND locktype IN ('transactionid', 'tuple')",
-            [backend_pid],
-        )
-        return cursor.fetchone() is not None
 
 
 def test_a_claim_that_locked_the_job_first_wins_and_the_cancel_asks_it_to_stop(

@@ -19,9 +19,9 @@ from stalwart.queues import QueueSelector
 from tests.helpers import (
     DATABASES,
     SESSION_DATABASE,
+    impatient,
     register_processes,
     row_locks,
-    transaction_lock_timeout,
     wait_for,
 )
 from tests.testapp import tasks
@@ -40,6 +40,14 @@ PAUSE_LOCK = 4242
 
 
 def claim(owner: int, limit: int) -> list:
+    """A claim that raises, rather than hangs, if it ever waits on a row lock."""
+    with impatient():
+        return claim_waiting(owner, limit)
+
+
+def claim_waiting(owner: int, limit: int) -> list:
+    """A claim with no lock timeout of its own: one paused by the trigger waits on the pause
+    lock, which PostgreSQL's ``lock_timeout`` would also end."""
     return JobStore("default").claim(
         owner=owner, worker_name=f"w{owner}", selector=EVERYTHING, limit=limit
     )
@@ -62,7 +70,10 @@ class ClaimThread(threading.Thread):
                 return
             with transaction.atomic():
                 self.backend_pid = paused_session(self.paused)
-                self.claimed = claim(self.owner, self.limit)
+                if self.paused:
+                    self.claimed = claim_waiting(self.owner, self.limit)
+                else:
+                    self.claimed = claim(self.owner, self.limit)
         except BaseException as error:  # noqa: BLE001 - reported by result()
             self.error = error
         finally:
@@ -177,6 +188,61 @@ def wait_until_paused(backend_pid: int) -> None:
     wait_for(waiting, message="the claim to pause inside its statement")
 
 
+def waiting_for_a_row_lock(backend_pid: int | None = None) -> bool:
+    """Whether the session ``backend_pid`` (or, if None, any session of this database) waits
+    for a row lock: PostgreSQL's ``pg_locks``, InnoDB's transactions in ``LOCK WAIT``."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT 1 FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' "
+                "AND (%s IS NULL OR trx_mysql_thread_id = %s)",
+                [backend_pid, backend_pid],
+            )
+            return cursor.fetchone() is not None
+        cursor.execute(
+            "SELECT 1 FROM pg_locks JOIN pg_stat_activity AS session USING (pid) "
+            "WHERE NOT granted AND locktype IN ('transactionid', 'tuple') "
+            "AND session.datname = current_database() AND (%s::integer IS NULL OR pid = %s)",
+            [backend_pid, backend_pid],
+        )
+        return cursor.fetchone() is not None
+
+
+class LockWaiter(threading.Thread):
+    """``work()`` on a connection of its own, expected to wait for a row lock another
+    transaction holds (through PgBouncer too: it is found by what it waits for, not by its
+    session)."""
+
+    def __init__(self, work) -> None:
+        super().__init__(daemon=True)
+        self.work = work
+        self.returned: object = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.returned = self.work()
+        except BaseException as error:  # noqa: BLE001 - reported by result()
+            self.error = error
+        finally:
+            connections.close_all()
+
+    def waits_for_a_row_lock(self) -> None:
+        """Return once it waits for a row lock (the only session of the test that may)."""
+        wait_for(
+            lambda: waiting_for_a_row_lock() or not self.is_alive(),
+            message="it to wait for a row lock",
+        )
+        assert self.is_alive(), f"it did not wait for the row lock: {self.error or self.returned}"
+
+    def result(self, timeout: float = 10.0) -> object:
+        self.join(timeout)
+        assert not self.is_alive(), "it did not finish"
+        if self.error:
+            raise self.error
+        return self.returned
+
+
 def release(control) -> None:
     with control.cursor() as cursor:
         if connection.vendor == "mysql":
@@ -194,9 +260,8 @@ def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on(vendor):
         other.set_autocommit(False)
         with other.cursor() as cursor:
             cursor.execute("SELECT id FROM stalwart_job WHERE id = %s FOR UPDATE", [high.id])
-        # Had the claim waited on the lock, lock_timeout would raise instead of returning.
-        with transaction_lock_timeout(2):
-            first = claim(owner=1, limit=2)
+        # Had the claim waited on the lock, its lock timeout would raise instead of returning.
+        first = claim(owner=1, limit=2)
         assert [str(job.id) for job in first] == [low.id]
         other.rollback()
     finally:
@@ -258,7 +323,7 @@ def test_many_threads_claiming_at_once_get_disjoint_jobs():
         assert all(Job.objects.get(pk=job.id).owner == owner for job in claimed)
 
 
-def test_sqlite_claims_wait_for_the_writer_and_then_see_its_changes(vendor):
+def test_sqlite_claims_made_during_a_write_see_its_changes(vendor):
     if vendor != "sqlite":
         pytest.skip("PostgreSQL's row-lock races are covered above")
     enqueue_many(tasks.noop, [Call() for _ in range(6)])
@@ -273,8 +338,8 @@ def test_sqlite_claims_wait_for_the_writer_and_then_see_its_changes(vendor):
             )
         waiting = ClaimThread(owner=1, limit=10)
         waiting.start()
-        waiting.join(0.3)
-        assert waiting.is_alive(), "the claim must wait for the writer, not read around it"
+        # Wherever the claim is (not yet begun, or waiting for the write lock), it may not
+        # read around the open write: it sees the claimed rows once they are committed.
         writer.commit()
         claimed = waiting.result()
     finally:
@@ -301,20 +366,12 @@ def test_a_prune_racing_a_claim_still_releases_what_the_claim_took(pause_trigger
     paused.start()
     wait_until_paused(wait_for(lambda: paused.backend_pid, message="the claim to start"))
     # The claim holds a share lock on its process row: the prune must wait for it...
-    pruned: list = []
-    pruner = threading.Thread(
-        target=lambda: (
-            pruned.extend(prune_dead_processes("default", threshold=60, exclude=None)),
-            connections.close_all(),
-        )
-    )
+    pruner = LockWaiter(lambda: prune_dead_processes("default", threshold=60, exclude=None))
     pruner.start()
-    pruner.join(0.5)
-    assert pruner.is_alive(), "the prune should wait for the claim to commit"
+    pruner.waits_for_a_row_lock()
     release(pause_trigger)
     claimed = paused.result()
-    pruner.join(10)
-    assert not pruner.is_alive()
+    pruned = pruner.result()
     # ...and then it sees the claimed jobs and releases them: none is left running.
     assert len(claimed) >= 1
     assert [gone.id for gone in pruned] == [1]
@@ -333,24 +390,16 @@ def test_a_reap_racing_a_claim_still_releases_what_the_claim_took(pause_trigger)
     wait_until_paused(wait_for(lambda: paused.backend_pid, message="the claim to start"))
     # The child was SIGKILLed mid-claim; the server commits the claim anyway. The reap must
     # see what the claim took, however the two interleave.
-    gone: list = []
-    reaper = threading.Thread(
-        target=lambda: (
-            gone.extend(
-                remove_reaped_child(
-                    "default", supervisors=[99], pid=424242, cause="died: it was killed by SIGKILL"
-                )
-            ),
-            connections.close_all(),
+    reaper = LockWaiter(
+        lambda: remove_reaped_child(
+            "default", supervisors=[99], pid=424242, cause="died: it was killed by SIGKILL"
         )
     )
     reaper.start()
-    reaper.join(0.5)
-    assert reaper.is_alive(), "the reap should wait for the claim to commit"
+    reaper.waits_for_a_row_lock()  # for the claim to commit
     release(pause_trigger)
     claimed = paused.result()
-    reaper.join(10)
-    assert not reaper.is_alive()
+    gone = reaper.result()
     assert len(claimed) >= 1
     assert {job.id for job in gone[0].released} == {job.id for job in claimed}
     assert not Job.objects.filter(status="running").exists()

@@ -17,7 +17,7 @@ from stalwart.db import Interruption
 from stalwart.jobs import JobStore
 from stalwart.models import Job
 from stalwart.queues import QueueSelector
-from tests.helpers import register_processes, row_locks, wait_for
+from tests.helpers import impatient, register_processes, row_locks, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,7 +84,8 @@ def test_a_release_racing_a_hand_out_of_its_expiring_slot_never_doubles_the_key(
     register_processes(31, 32)
     store = JobStore("default")
     holder = tasks.one_at_a_time_for_a_minute.enqueue("k")
-    store.claim(owner=31, worker_name="w31", selector=EVERYTHING, limit=1)
+    with impatient():
+        store.claim(owner=31, worker_name="w31", selector=EVERYTHING, limit=1)
     waiting = tasks.one_at_a_time_for_a_minute.enqueue("k")
     # The holder's attempt began almost a minute ago: its slot expires in half a second.
     Job.objects.filter(pk=holder.id).update(

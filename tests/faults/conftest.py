@@ -22,6 +22,10 @@ from tests.faults.target import Databases
 
 IN_CI = os.environ.get("CI") == "true"
 
+# pytest-timeout, per scenario: a scenario restarts a cluster, waits out heartbeat deadlines
+# and leases, and may run a minute or more; a hang still ends here, not at CI's limit.
+SCENARIO_TIMEOUT = 900
+
 
 def missing(reason: str) -> None:
     """A capability this machine lacks: a skip here, a failure in CI."""
@@ -36,6 +40,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.faults)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(SCENARIO_TIMEOUT))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

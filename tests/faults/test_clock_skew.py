@@ -61,9 +61,11 @@ def test_one_supervisor_with_a_skewed_clock(pg, faketime, offset):
     )
 
     runs = pg.ledger.executions()
+    # Each check below needs its runs: a run missing is a failure, not a check skipped.
+    pg.expect(len(later) == 3, f"the skewed host enqueued {len(later)} due jobs, not 3")
     for job in later:
         first = min((run.started for run in runs.get(job, [])), default=None)
-        if first is not None:
+        if pg.expect(first is not None, f"job {job}, due at {due:%H:%M:%S.%f}, never started"):
             early = 6 - on_db_clock(first)
             pg.expect(
                 early <= EARLY,
@@ -71,7 +73,10 @@ def test_one_supervisor_with_a_skewed_clock(pg, faketime, offset):
                 f"{early:.1f} s early (enqueued on a host whose clock is {offset} off)",
             )
     tries = sorted(runs.get(retried, []), key=lambda run: run.attempt)
-    if len(tries) >= 2 and tries[0].ended is not None:
+    if pg.expect(
+        len(tries) >= 2 and tries[0].ended is not None,
+        f"the retried job's ledger has {len(tries)} runs, not a failed one and its retry",
+    ):
         after = tries[1].started - tries[0].ended
         pg.expect(
             4 - EARLY <= after <= 4 + LATE,

@@ -28,6 +28,18 @@ from tests.faults.workload import (
 )
 
 
+def resumed_after(supervisor, offset: int, *, children: int):
+    """Every one of the supervisor's ``children`` has logged, after ``offset`` characters of
+    the tree's output, that it went on after a heartbeat that waited."""
+
+    def check() -> bool:
+        lines = supervisor.output[offset:].splitlines()
+        pids = {line.split()[2] for line in lines if "action=process_resumed" in line}
+        return len(pids) >= children
+
+    return check
+
+
 def settled(scenario, supervisor):
     """Every process of the tree has beaten twice: its threads hold their connections (a
     connection opened through a slowed link would take many slow round trips)."""
@@ -149,7 +161,14 @@ def test_slow_heartbeat_answers_never_let_a_pruner_take_a_live_workers_job(proxi
     proxied.wait(settled(proxied, slow), timeout=10, what="the slow tree to beat twice")
 
     proxied.proxy.latency(2.0, answers_only=True)
-    time.sleep(3)  # a beat or two with slow answers
+    # A beat with a slow answer, in every child of the slow tree: each holds itself back
+    # while its beat waits (over 1.5 s), and goes on once the late answer has come back.
+    logged = len(slow.output)
+    proxied.wait(
+        resumed_after(slow, logged, children=4),
+        timeout=20,
+        what="every child of the slow tree to get a slow answer to a beat",
+    )
     proxied.proxy.stall(requests_only=True)
     time.sleep(ALIVE + 1)  # holding the stall past the alive threshold
     proxied.proxy.unstall()

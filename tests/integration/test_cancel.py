@@ -177,5 +177,16 @@ def test_retention_deletes_cancelled_jobs_like_finished_ones():
     assert list(Job.objects.values_list("id", flat=True)) == [uuid.UUID(new.id)]
 
 
-def test_job_cancelled_is_the_exception_a_task_raises():
-    assert issubclass(JobCancelled, Exception)
+def test_job_cancelled_raised_by_a_task_ends_its_job_at_once_whatever_attempts_are_left():
+    assert default_task_backend.config.max_attempts > 1  # a failure would be retried
+    result = tasks.cancels_itself.enqueue()
+    drain()
+    row = Job.objects.get(pk=result.id)
+    assert (row.status, row.attempt) == ("cancelled", 1)
+    assert [error["exception_class_path"] for error in row.errors] == [
+        "stalwart.exceptions.JobCancelled"
+    ]
+    assert "JobCancelled: nothing left to do" in row.errors[0]["traceback"]
+    # A task's own `except Exception` around its steps sees it too (to clean up).
+    assert isinstance(JobCancelled(), Exception)
+    assert str(JobCancelled()) == "The job was cancelled while it ran."

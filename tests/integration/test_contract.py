@@ -30,7 +30,9 @@ from tests.testapp.models import Execution
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_backend_declares_and_honours_every_capability():
+def test_backend_declares_every_capability():
+    # Each is honoured as well: the tests below defer, prioritise, read results and run
+    # async tasks.
     backend = default_task_backend
     assert backend.supports_defer is True
     assert backend.supports_priority is True

@@ -6,13 +6,14 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db.models import F
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from stalwart import control
 from stalwart.metrics import tally
-from stalwart.models import Counter
+from stalwart.models import Counter, Job
 from tests.helpers import drain
 from tests.testapp import tasks
 
@@ -43,6 +44,9 @@ def test_the_view_reports_queue_gauges_counters_and_a_duration_histogram(countin
     tasks.add.using(queue_name="mail").enqueue(1, 1)
     control.pause("mail")
     drain()
+    # The older of the two waiting mail jobs has waited ten minutes more than it would have.
+    oldest = Job.objects.filter(queue_name="mail").order_by("available_at").first()
+    Job.objects.filter(pk=oldest.pk).update(available_at=F("available_at") - timedelta(minutes=10))
     counting.flush()
     response = Client().get("/metrics")
     assert response.status_code == 200
@@ -55,7 +59,9 @@ def test_the_view_reports_queue_gauges_counters_and_a_duration_histogram(countin
     assert ("stalwart_jobs_failed_total", fail) not in samples  # paused: never ran
     assert samples[("stalwart_queue_jobs", (("queue", "mail"), ("state", "ready")))] == 2
     assert samples[("stalwart_queue_paused", (("queue", "mail"),))] == 1
-    assert samples[("stalwart_queue_oldest_ready_age_seconds", (("queue", "mail"),))] >= 0
+    # By the database's clock, at least those ten minutes; at most a (generous) minute more.
+    age = samples[("stalwart_queue_oldest_ready_age_seconds", (("queue", "mail"),))]
+    assert 600 <= age < 660
     assert samples[("stalwart_job_duration_seconds_count", (("task", add),))] == 3
     assert samples[("stalwart_job_duration_seconds_bucket", (("le", "+Inf"), ("task", add)))] == 3
     assert samples[("stalwart_job_duration_seconds_sum", (("task", add),))] > 0

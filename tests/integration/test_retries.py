@@ -59,7 +59,9 @@ def test_a_retry_waits_its_backoff_in_the_scheduled_state():
     job = Job.objects.get(pk=result.id)
     assert job.status == "scheduled"
     delay = job.available_at - job.last_attempted_at
-    assert timedelta(seconds=29) < delay < timedelta(seconds=31)
+    # Never before its 30 s backoff (both times are the database's); after it by the attempt's
+    # run and its outcome's write, a moment, allowed many times over on a loaded machine.
+    assert timedelta(seconds=30) <= delay < timedelta(seconds=45)
     result.refresh()
     assert result.status == TaskResultStatus.READY
     assert len(result.errors) == 1

@@ -1,5 +1,6 @@
 """The scheduler's tick against a real database: catch-up after downtime, races, bad tasks."""
 
+import threading
 from dataclasses import replace
 from datetime import timedelta
 
@@ -9,9 +10,11 @@ from django.utils import timezone
 
 from stalwart.conf import SchedulerOptions
 from stalwart.models import Job, RecurringRun
+from stalwart.processes import scheduler as scheduler_module
 from stalwart.processes.scheduler import Scheduler
 from stalwart.recurring import read_recurring
-from stalwart.ticks import database_now
+from stalwart.ticks import database_now, last_runs
+from tests.helpers import at_once
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,15 +55,28 @@ def test_after_downtime_only_the_latest_missed_tick_runs():
     )
 
 
-def test_two_schedulers_ticking_together_enqueue_once():
+def test_two_schedulers_ticking_together_enqueue_once(monkeypatch, recorded_events):
     entries = {"minutely": {"task": "tests.testapp.tasks.noop", "schedule": "* * * * *"}}
     first, second = scheduler_for(**entries), scheduler_for(**entries)
     start = database_now("default") - timedelta(minutes=3)
     first.started_at = second.started_at = start
-    first.tick()
-    second.tick()
-    assert RecurringRun.objects.count() == 1
-    assert Job.objects.count() == 1
+    # A pause point between each scheduler's read of the latest ticks and its insert: both
+    # read before either writes, so both find the same tick due and both try to record it.
+    # One must learn from the unique (key, run_at) record that the other got there first.
+    both_read = threading.Barrier(2)
+
+    def read_then_wait(database: str) -> dict:
+        latest = last_runs(database)
+        both_read.wait(timeout=10)
+        return latest
+
+    monkeypatch.setattr(scheduler_module, "last_runs", read_then_wait)
+    at_once(2, lambda number: (first, second)[number].tick())
+    enqueued = [fields for action, fields in recorded_events if action == "recurring_enqueued"]
+    assert len(enqueued) == 1
+    run = RecurringRun.objects.get()
+    assert str(run.job_id).replace("-", "") == enqueued[0]["job"].replace("-", "")
+    assert list(Job.objects.values_list("id", flat=True)) == [run.job_id]
 
 
 def test_a_task_that_does_not_exist_is_reported_and_skipped(recorded_events):
