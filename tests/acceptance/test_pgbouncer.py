@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from django.db import connections
 
-from stalwart.models import Job
+from stalwart.models import Job, Process
 from tests import processes
-from tests.helpers import DATABASES, PGBOUNCER, SESSION_DATABASE, Child, wait_for
+from tests.helpers import DATABASES, PGBOUNCER, SESSION_DATABASE, Child, child_env, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Execution
 

@@ -9,7 +9,7 @@ loser leaves the row as the winner wrote it.
 import threading
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 
 import stalwart
 from stalwart.control import Cancelled
