@@ -39,7 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The test tools the installed package is tested with, by name: their versions are the test
 # extra's (pyproject.toml), so they stay in one place.
-TEST_TOOLS = ("pytest", "pytest-django", "pytest-xdist", "selenium", "psycopg[pool]")
+TEST_TOOLS = (
+    "pytest",
+    "pytest-django",
+    "pytest-xdist",
+    "pytest-timeout",
+    "selenium",
+    "psycopg[pool]",
+)
 
 # On the server: the tests whose outcome depends on what the wheel holds (the dashboard's
 # templates, the migrations, the management commands, the processes a supervisor forks
