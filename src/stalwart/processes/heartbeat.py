@@ -246,7 +246,8 @@ class Heartbeat(threading.Thread):
 
     def _hold_deadline(self) -> bool:
         """While silent past ``suspend`` (so claiming nothing): whether the deadline must
-        hold. It must while a job's body runs here, or a claim is under way; otherwise the
+        hold. It must while a job's body runs here, or a claim is under way, or the main
+        loop is stalled (beats withheld: a stuck process must end, to be replaced); otherwise the
         kernel's timer is stopped, so that an outage longer than the threshold ends no
         process that runs nothing (a dispatcher, an idle worker, one whose jobs have all
         finished and wait to be written: those writes are fenced on owner and attempt). A
@@ -255,7 +256,10 @@ class Heartbeat(threading.Thread):
             silent_for = time.monotonic() - self.last_success
             if silent_for <= self.deadlines.suspend:
                 return True  # a beat went through meanwhile
-            if self.holding is None or self.holding():
+            stalled = self._withheld or (self.liveness is not None and self.liveness.stalled)
+            if stalled or self.holding is None or self.holding():
+                # A stalled main loop ends at the deadline whatever it holds: otherwise it
+                # would keep its slot, doing nothing, for ever.
                 if self.hard_exit and self._armed_until is None:
                     self._arm(self.last_success)  # at once, if it is past
                 return True
