@@ -68,9 +68,9 @@ def test_a_full_disk_during_a_drain(pg, cluster, root):
     move_job_table(cluster, pg.target.name)
     supervisor = pg.fleet.supervise("--processes", "2", "--threads", "2", children=4)
     tree = pg.fleet.os_children(supervisor)
-    # About 7.5 s of work for the four threads: the drain is still going when the disk is
+    # About 15 s of work for the four threads: the drain is still going when the disk is
     # full, even on a loaded machine where filling it takes a while.
-    ids = ledger_jobs(pg, 60, 0.5)
+    ids = ledger_jobs(pg, 120, 0.5)
     pg.wait(some_ended(pg, 4), timeout=20, what="the drain to be under way")
 
     with cluster.session(pg.target.name) as session:
