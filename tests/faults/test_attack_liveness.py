@@ -29,7 +29,7 @@ from stalwart.models import Job
 from tests.faults.cluster import PrivateCluster
 from tests.faults.proxy import Proxy, _Link
 from tests.faults.scenario import Scenario
-from tests.faults.target import ALIAS, ALIVE, Databases
+from tests.faults.target import ALIAS, ALIVE, SHUTDOWN_TIMEOUT, Databases
 from tests.faults.workload import all_finished, ledger_jobs, owner_pid, running, successful
 from tests.testapp import tasks
 
@@ -69,6 +69,18 @@ class Partition(Proxy):
     def isolate(self, *pids: int) -> None:
         self.isolated.update(pids)
 
+    def strand(self) -> int:
+        """Every open link goes dead for good, with no reset (a failover behind a moved
+        address, a firewall that dropped its state): new connections work. How many."""
+        with self._lock:
+            links = list(self._links)
+        for link in links:
+            link.stranded = True  # type: ignore[attr-defined]
+        return len(links)
+
+    def _blocked(self, link: _Link) -> bool:
+        return getattr(link, "stranded", False) or self.owner(link) in self.isolated
+
     def rejoin(self, *pids: int) -> None:
         """Heal the partition; the hung links are reset (as a NAT or a firewall would)."""
         with self._lock:
@@ -87,7 +99,7 @@ class Partition(Proxy):
             while not link.closed.is_set():
                 if not flowing.wait(0.05):
                     continue
-                if self.owner(link) in self.isolated:
+                if self._blocked(link):
                     time.sleep(0.05)  # cut off: read nothing, forward nothing
                     continue
                 readable, _, _ = select.select([source], [], [], 0.05)
@@ -96,7 +108,7 @@ class Partition(Proxy):
                 data = source.recv(65536)
                 if not data:
                     break
-                while self.owner(link) in self.isolated and not link.closed.is_set():
+                while self._blocked(link) and not link.closed.is_set():
                     time.sleep(0.05)
                 target.sendall(data)
         except (OSError, ValueError):
@@ -335,5 +347,54 @@ def test_a_tree_cut_off_whose_worker_dies_meanwhile_strands_nothing(proxied):
         f"idle children {sorted(idle - survivors)} ended during the stall (they run nothing)",
     )
     s.recover(all_finished(ids), since=ended, bound=ALIVE + 6 + 6, what="the job to run again")
+    s.stop(supervisor)
+    s.conclude(successful(ids), reruns=True)
+
+
+def test_an_idle_worker_cut_off_alone_stops_promptly_when_asked(partitioned):
+    """TERM to a worker that runs nothing, cut off alone past its suspension (its timer
+    stopped): the stop's writes cannot go through; it must still end within the shutdown
+    timeout and a few thresholds (before, the kernel ended it at its deadline)."""
+    s = partitioned
+    supervisor = s.fleet.supervise("--processes", "1", "--queues", "default", children=3)
+    lone = s.fleet.work("--threads", "2", "--queues", "lone")
+    s.wait(beaten(s, lone.pid), timeout=10, what="the lone worker to beat")
+    s.proxy.isolate(lone.pid)
+    cut_at = time.monotonic()
+    while time.monotonic() < cut_at + ALIVE - 1:
+        time.sleep(0.1)  # past its suspension (2 s): its timer is stopped (its log says so)
+    asked = time.monotonic()
+    lone.signal(signal.SIGTERM)
+    # The stop's writes each wait for a connection that cannot be made (a connect timeout,
+    # a statement timeout's), a few times: bounded, however long the partition lasts.
+    bound = SHUTDOWN_TIMEOUT + 3 * ALIVE
+    try:
+        code = lone.wait(timeout=bound + 5)
+    except AssertionError:
+        code = None
+    took = time.monotonic() - asked
+    s.expect(took <= bound, f"the cut-off idle worker took {took:.1f} s to stop (bound {bound})")
+    s.expect(code is not None, "the cut-off idle worker never stopped")
+    s.expect("action=kill_timer_disarmed" in lone.output, "the kill timer was never stopped")
+    s.proxy.rejoin(lone.pid)
+    s.wait(lambda: not row_of(lone.pid), timeout=2 * ALIVE, what="the lone worker's row to go")
+    s.stop(supervisor)
+    s.conclude({})
+
+
+def test_dead_connections_with_no_reset_leave_no_idle_worker_hung(partitioned):
+    """Every open connection of a tree goes dead without a reset (new ones work): jobs
+    enqueued after that still run, within a few thresholds. An idle worker stops its kill
+    timer; something must still end its calls hung on the dead link, or it waits for TCP
+    to give up (minutes) where the kernel used to end it and its supervisor replace it."""
+    s = partitioned
+    supervisor = s.fleet.supervise("--processes", "1", "--threads", "2", children=3)
+    for pid in s.fleet.os_children(supervisor):
+        s.wait(beaten(s, pid), timeout=10, what=f"child {pid} to beat")
+    stranded = s.proxy.strand()
+    s.expect(stranded >= 4, f"only {stranded} links went dead")
+    fault = time.monotonic()
+    ids = ledger_jobs(s, 4, 0.2, scaled=False)
+    s.recover(all_finished(ids), since=fault, bound=4 * ALIVE, what="new jobs to run")
     s.stop(supervisor)
     s.conclude(successful(ids), reruns=True)

@@ -33,6 +33,7 @@ from typing import Any
 from django.db import connections
 
 from stalwart import events
+from stalwart.db.deadline import cut
 from stalwart.deadlines import Deadlines
 from stalwart.processes.liveness import Liveness
 from stalwart.processes.outage import DatabaseFailure, Outage
@@ -58,6 +59,7 @@ class Heartbeat(threading.Thread):
         session: Callable[[], None] | None = None,
         holding: Callable[[], bool] | None = None,
         gate: threading.Lock | None = None,
+        unhang: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="stalwart-heartbeat", daemon=True)
         self.registration = registration
@@ -74,6 +76,10 @@ class Heartbeat(threading.Thread):
         # ``gate`` held, the lock the role takes to decide whether to claim.
         self.holding = holding
         self.gate = gate if gate is not None else threading.Lock()
+        # With the kernel's timer stopped, what ends a call hung on a dead link: ours is cut
+        # here, and ``unhang`` cuts the role's main loop's if that loop is stuck.
+        self.unhang = unhang
+        self._connection: Any = None  # this thread's connection wrapper, once it runs
         self.last_success = time.monotonic()  # the sending time of the last beat that worked
         self.suspended = False
         self.verdict: Verdict | None = None
@@ -105,6 +111,7 @@ class Heartbeat(threading.Thread):
             self._armed_until = None
 
     def run(self) -> None:
+        self._connection = connections[self.registration.database]
         if self.session is not None:
             self.session()
         try:
@@ -229,6 +236,8 @@ class Heartbeat(threading.Thread):
                 )
                 self.on_suspended(True)
             if self.holding is not None and not self._hold_deadline():
+                if silent_for > deadlines.kill:
+                    self._cut_hung_calls(now)
                 continue  # nothing runs here that could run twice: no need to end
             if not self.hard_exit and silent_for > deadlines.kill:
                 self.on_fenced(f"no successful heartbeat for {silent_for:.1f} s")
@@ -260,6 +269,17 @@ class Heartbeat(threading.Thread):
                     "taken for dead; it is fenced if its row is gone once a beat goes through",
                 )
             return False
+
+    def _cut_hung_calls(self, now: float) -> None:
+        """Past the deadline with the kernel's timer stopped, nothing else ends a call hung
+        on a link that died without a reset (a failover behind a moved address, a firewall
+        that dropped its state): cut ours, and the main loop's if it is stuck, so that both
+        reconnect, and the next beat goes through (or finds the row gone and fences us)
+        where new connections work, instead of waiting for TCP to give up."""
+        sent = self._in_flight_since
+        if sent is not None and now - sent > self.deadlines.kill and self._connection is not None:
+            cut(self._connection)
+        self.unhang()
 
     def _beats_failing(self, now: float) -> str | None:
         """Why beats do not go through, if that is what happens: they fail, hang, or are
