@@ -155,10 +155,10 @@ class Heartbeat(threading.Thread):
             if not alive:
                 self.on_fenced("its process row is gone (pruned as dead)")
                 return
-            with self.gate:
+            with self.gate:  # armed, then claims may resume: in one step for the guard
                 self.last_success = sent
                 self._arm(sent)
-            self._recovered()
+                self._recovered()
 
     def _withhold(self) -> None:
         """The main loop is stalled: say so once, and that a death now would not be its jobs'
@@ -226,15 +226,16 @@ class Heartbeat(threading.Thread):
             cause = self._beats_failing(now)
             if cause is not None:
                 self._set_verdict(interrupted(cause))
-            if not self.suspended:
-                self.suspended = True
-                events.emit(
-                    "process_suspended",
-                    process=self.registration.name,
-                    silent_for=round(silent_for, 1),
-                    reason=cause or "no heartbeat went out (the whole process was held up)",
-                )
-                self.on_suspended(True)
+            with self.gate:  # never between a beat's arming and its resuming claims
+                if not self.suspended and time.monotonic() - self.last_success > deadlines.suspend:
+                    self.suspended = True
+                    events.emit(
+                        "process_suspended",
+                        process=self.registration.name,
+                        silent_for=round(silent_for, 1),
+                        reason=cause or "no heartbeat went out (the whole process was held up)",
+                    )
+                    self.on_suspended(True)
             if self.holding is not None and not self._hold_deadline():
                 if silent_for > deadlines.kill:
                     self._cut_hung_calls(now)
@@ -252,8 +253,9 @@ class Heartbeat(threading.Thread):
         beat that goes through arms it again before claims resume."""
         with self.gate:
             silent_for = time.monotonic() - self.last_success
-            if silent_for <= self.deadlines.suspend:
-                return True  # a beat went through meanwhile
+            if silent_for <= self.deadlines.suspend or not self.suspended:
+                # A beat went through meanwhile (however late its answer): claims may go on.
+                return True
             if self.holding is None or self.holding():
                 if self.hard_exit and self._armed_until is None:
                     self._arm(self.last_success)  # at once, if it is past
