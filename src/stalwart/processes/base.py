@@ -119,6 +119,13 @@ class Role:
             # A main loop blocked on a stalled link would never see the stop: cut the link.
             cut(self._main_connection)
 
+    def _cut_stalled_loop(self) -> None:
+        """Our heartbeats are past the deadline and nothing here may run twice, so the
+        kernel's timer is stopped: if the main loop is stuck (in a call on a dead link),
+        cut its connection, so that it reconnects and sees a stop asked meanwhile."""
+        if self.liveness.stalled and self._main_connection is not None:
+            cut(self._main_connection)
+
     def suspend(self, suspended: bool) -> None:
         """Our heartbeats are overdue (True): claim nothing new; or go through again."""
         self.suspended = suspended
@@ -275,6 +282,7 @@ class Role:
                 holding=self.holds_running_work,
                 gate=self.claim_gate,
                 running=self.running_tasks,
+                unhang=self._cut_stalled_loop,
             )
             self._heartbeat.start()
         if self.parent_pid is not None:

@@ -33,6 +33,7 @@ from typing import Any
 from django.db import connections
 
 from stalwart import events
+from stalwart.db.deadline import cut
 from stalwart.deadlines import Deadlines
 from stalwart.processes.liveness import Liveness
 from stalwart.processes.outage import DatabaseFailure, Outage
@@ -59,6 +60,7 @@ class Heartbeat(threading.Thread):
         holding: Callable[[], bool] | None = None,
         gate: threading.Lock | None = None,
         running: Callable[[], list[str]] = list,
+        unhang: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="stalwart-heartbeat", daemon=True)
         self.registration = registration
@@ -76,6 +78,10 @@ class Heartbeat(threading.Thread):
         self.holding = holding
         self.gate = gate if gate is not None else threading.Lock()
         self.running = running  # the task paths running now (named when the timer is changed)
+        # With the kernel's timer stopped, what ends a call hung on a dead link: ours is cut
+        # here, and ``unhang`` cuts the role's main loop's if that loop is stuck.
+        self.unhang = unhang
+        self._connection: Any = None  # this thread's connection wrapper, once it runs
         self.last_success = time.monotonic()  # the sending time of the last beat that worked
         self.suspended = False
         self.verdict: Verdict | None = None
@@ -107,6 +113,7 @@ class Heartbeat(threading.Thread):
             self._armed_until = None
 
     def run(self) -> None:
+        self._connection = connections[self.registration.database]
         if self.session is not None:
             self.session()
         try:
@@ -150,10 +157,10 @@ class Heartbeat(threading.Thread):
             if not alive:
                 self.on_fenced("its process row is gone (pruned as dead)")
                 return
-            with self.gate:
+            with self.gate:  # armed, then claims may resume: in one step for the guard
                 self.last_success = sent
                 self._arm(sent)
-            self._recovered()
+                self._recovered()
 
     def _withhold(self) -> None:
         """The main loop is stalled: say so once, and that a death now would not be its jobs'
@@ -229,16 +236,19 @@ class Heartbeat(threading.Thread):
             cause = self._beats_failing(now)
             if cause is not None:
                 self._set_verdict(interrupted(cause))
-            if not self.suspended:
-                self.suspended = True
-                events.emit(
-                    "process_suspended",
-                    process=self.registration.name,
-                    silent_for=round(silent_for, 1),
-                    reason=cause or "no heartbeat went out (the whole process was held up)",
-                )
-                self.on_suspended(True)
+            with self.gate:  # never between a beat's arming and its resuming claims
+                if not self.suspended and time.monotonic() - self.last_success > deadlines.suspend:
+                    self.suspended = True
+                    events.emit(
+                        "process_suspended",
+                        process=self.registration.name,
+                        silent_for=round(silent_for, 1),
+                        reason=cause or "no heartbeat went out (the whole process was held up)",
+                    )
+                    self.on_suspended(True)
             if self.holding is not None and not self._hold_deadline():
+                if silent_for > deadlines.kill:
+                    self._cut_hung_calls(now)
                 continue  # nothing runs here that could run twice: no need to end
             if not self.hard_exit and silent_for > deadlines.kill:
                 self.on_fenced(f"no successful heartbeat for {silent_for:.1f} s")
@@ -254,8 +264,9 @@ class Heartbeat(threading.Thread):
         beat that goes through arms it again before claims resume."""
         with self.gate:
             silent_for = time.monotonic() - self.last_success
-            if silent_for <= self.deadlines.suspend:
-                return True  # a beat went through meanwhile
+            if silent_for <= self.deadlines.suspend or not self.suspended:
+                # A beat went through meanwhile (however late its answer): claims may go on.
+                return True
             stalled = self._withheld or (self.liveness is not None and self.liveness.stalled)
             if stalled or self.holding is None or self.holding():
                 # A stalled main loop ends at the deadline whatever it holds: otherwise it
@@ -274,6 +285,17 @@ class Heartbeat(threading.Thread):
                     "taken for dead; it is fenced if its row is gone once a beat goes through",
                 )
             return False
+
+    def _cut_hung_calls(self, now: float) -> None:
+        """Past the deadline with the kernel's timer stopped, nothing else ends a call hung
+        on a link that died without a reset (a failover behind a moved address, a firewall
+        that dropped its state): cut ours, and the main loop's if it is stuck, so that both
+        reconnect, and the next beat goes through (or finds the row gone and fences us)
+        where new connections work, instead of waiting for TCP to give up."""
+        sent = self._in_flight_since
+        if sent is not None and now - sent > self.deadlines.kill and self._connection is not None:
+            cut(self._connection)
+        self.unhang()
 
     def _beats_failing(self, now: float) -> str | None:
         """Why beats do not go through, if that is what happens: they fail, hang, or are

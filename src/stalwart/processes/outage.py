@@ -55,6 +55,9 @@ class Outage:
         self._reset = reset
         self.since: float | None = None  # monotonic time the outage began
         self.recovered_at: float | None = None  # monotonic time the last outage ended
+        # Since when a pruner waits for others to beat after a run of outages of its own
+        # (see registry.may_prune); None: it does not wait.
+        self.waiting_since: float | None = None
         self.error: str | None = None
         self.failures = 0
         self._delay = first_delay

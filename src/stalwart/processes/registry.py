@@ -3,6 +3,7 @@
 import os
 import secrets
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -322,21 +323,40 @@ def may_prune(outage: "Outage", config: "Options", holder: str) -> bool:
     it for a whole threshold on end. Right after an outage of its own, every row looks
     silent (nobody could beat), and what it cannot tell apart is an outage that ended
     for all from deaths; the processes that lived through it get a threshold to beat
-    again first. A process that is really dead is pruned that much later."""
-    if outage.up_for(config.process_alive_threshold):
+    again first. A process that is really dead is pruned that much later.
+
+    The wait is bounded: a link reset more often than once a threshold (a flapping
+    failover) would restart it for ever, and a dead process's jobs would stay running all
+    along. Once the pruner has waited ``MAX_WAITS`` thresholds since the first of a run of
+    outages ended, it judges anyway: the processes that lived through them have had that
+    long to beat between the outages."""
+    threshold = config.process_alive_threshold
+    if outage.up_for(threshold):
+        outage.waiting_since = None
         return True
-    if outage.since is None and outage.recovered_at not in _deferred_after:
+    if outage.since is not None:
+        return False  # out of reach now: nothing to judge with
+    if outage.waiting_since is None:
+        outage.waiting_since = outage.recovered_at
+    if (
+        outage.waiting_since is not None
+        and time.monotonic() - outage.waiting_since >= MAX_WAITS * threshold
+    ):
+        return True
+    if outage.recovered_at not in _deferred_after:
         _deferred_after.add(outage.recovered_at)
         events.emit(
             "pruning_waits",
             process=holder,
-            for_seconds=config.process_alive_threshold,
+            for_seconds=threshold,
             reason="the database was out of reach here too: the processes that lived through "
             "the outage get a threshold to beat before any is judged dead",
         )
     return False
 
 
+# How many thresholds a pruner waits at most after a run of outages of its own.
+MAX_WAITS = 2
 # The outages after which a deferral was said (once each).
 _deferred_after: set[float | None] = set()
 ORPHAN_OWNERS_PER_TRANSACTION = 50
