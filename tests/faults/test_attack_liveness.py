@@ -240,15 +240,6 @@ def test_a_busy_worker_cut_off_alone_is_ended_before_anyone_may_prune_it(partiti
     s.conclude(successful(ids), reruns=True)
 
 
-CHARGED_FOR_THE_LINK = (
-    "the worker, its body ended, stops its timer and lives past the threshold: it is "
-    "pruned as a lone death (its supervisor beats) and its job charged ProcessDied, where "
-    "before it was ended by the kernel and its supervisor, told that its heartbeats hung, "
-    "gave the job back as an interruption"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=CHARGED_FOR_THE_LINK)
 def test_a_tree_worker_cut_off_alone_after_its_body_ended_charges_its_job_nothing(partitioned):
     s = partitioned
     job = s.target.enqueue(tasks.ledger, seconds=1.5).id

@@ -157,20 +157,41 @@ class Report:
     verdict: dict | None = None
 
 
+# What living children said so far on their status pipes (read end -> bytes), read by
+# ``listen`` while they run; ``report`` reads the rest once they have exited.
+_heard: dict[int, bytes] = {}
+
+
+def _read_available(pipe: int) -> bytes:
+    chunks = []
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing more for now
+        while chunk := os.read(pipe, 65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def listen(forked: Forked) -> Report:
+    """While the child runs: what it has said so far on its status pipe (never blocks; the
+    pipe stays open for ``report``)."""
+    heard = _heard.get(forked.status_pipe, b"") + _read_available(forked.status_pipe)
+    _heard[forked.status_pipe] = heard
+    return _parse(heard.rpartition(b"\n")[0])
+
+
 def report(forked: Forked) -> Report:
     """After the child exited: what it said on its status pipe. Closes the pipe."""
-    chunks = []
     try:
-        while chunk := os.read(forked.status_pipe, 65536):
-            chunks.append(chunk)
-    except OSError:
-        pass
+        said = _heard.pop(forked.status_pipe, b"") + _read_available(forked.status_pipe)
     finally:
         _status_pipes.discard(forked.status_pipe)
         with contextlib.suppress(OSError):
             os.close(forked.status_pipe)
+    return _parse(said)
+
+
+def _parse(said: bytes) -> Report:
     ended, verdict = False, None
-    for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+    for line in said.decode("utf-8", "replace").splitlines():
         try:
             message = json.loads(line)
         except ValueError:

@@ -26,9 +26,10 @@ from stalwart import events
 from stalwart.conf import Options
 from stalwart.db.deadline import deadline
 from stalwart.db.retry import lost_connections_to_the_caller
-from stalwart.processes import systemd
+from stalwart.models import Process
+from stalwart.processes import systemd, verdicts
 from stalwart.processes.base import EXIT_CRASHED, EXIT_FENCED, EXIT_RECYCLE, Role
-from stalwart.processes.forking import Forked, Report, end_group, fork_child, report
+from stalwart.processes.forking import Forked, Report, end_group, fork_child, listen, report
 from stalwart.processes.outage import DatabaseFailure
 from stalwart.processes.registry import (
     may_prune,
@@ -119,6 +120,8 @@ class Supervisor(Role):
         self._next_watchdog = 0.0
         # Every row id we have had (a long outage may have made us register again).
         self._ids: set[int] = set()
+        # The newest verdict each living child told us and we wrote into its row (by pid).
+        self._relayed: dict[int, dict | None] = {}
         # Dead children whose rows and jobs are not dealt with yet: each waits for its process
         # group to be empty, then for the database.
         self._pending_clean_ups: list[CleanUp] = []
@@ -216,6 +219,7 @@ class Supervisor(Role):
             return
         self._next_beat = now + self.config.heartbeat_interval
         self._beat()
+        self._relay_verdicts()
         if not chores:
             return
         # Children that died meanwhile are reaped and cleaned up first: a dead child is the
@@ -232,6 +236,29 @@ class Supervisor(Role):
                 interval=self.config.heartbeat_interval,
                 exclude=self.registration.id,
             )
+
+    def _relay_verdicts(self) -> None:
+        """Write into each living child's row the newest word it told us on its pipe about a
+        death that may come (``verdicts.py``). A child cut off from the database alone says
+        so to us, but cannot write it where a pruner looks: without this, a pruner (we, or
+        another host's) would take its silence for a crash and charge its jobs. The write
+        is a compare-and-set on the row's last heartbeat: a newer beat carries the child's
+        own, newer word."""
+        for slot in self.slots:
+            if slot.pid is None or slot.forked is None:
+                continue
+            told = listen(slot.forked).verdict
+            if told is None or told == self._relayed.get(slot.pid):
+                continue
+            rows = Process.objects.using(self.database).filter(
+                supervisor__in=self._ids, pid=slot.pid
+            )
+            for row in rows:
+                if (row.metadata or {}).get(verdicts.KEY) != told:
+                    Process.objects.using(self.database).filter(
+                        id=row.id, last_heartbeat_at=row.last_heartbeat_at
+                    ).update(metadata={**(row.metadata or {}), verdicts.KEY: told})
+            self._relayed[slot.pid] = told
 
     def _beat(self) -> None:
         with deadline(self.database, self._call_deadline):
@@ -353,6 +380,7 @@ class Supervisor(Role):
         # Its row and jobs are dealt with in the loop's database turn: reaping never waits on
         # the database.
         self._pending_clean_ups.append(CleanUp(pid, how, kind, expected, said))
+        self._relayed.pop(pid, None)
         if slot is None:
             return
         lived = time.monotonic() - slot.started_at
