@@ -186,7 +186,7 @@ def test_a_second_ctrl_c_stops_at_once_as_the_first_one_says(reaped):
     )
     assert "waiting up to 60 s for the workers' running jobs to finish" in supervisor.output
     assert supervisor.process.poll() is None  # draining
-    assert stop(supervisor, signal.SIGINT, timeout=15) == 0, supervisor.output
+    assert stop(supervisor, signal.SIGINT, timeout=45) == 0, supervisor.output
     # As QUIT: its worker ended at once, and the supervisor gave the job back.
     assert Job.objects.get(pk=result.id).status == "ready"
     assert not Process.objects.exists()
