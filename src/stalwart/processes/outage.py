@@ -58,6 +58,8 @@ class Outage:
         # Since when a pruner waits for others to beat after a run of outages of its own
         # (see registry.may_prune); None: it does not wait.
         self.waiting_since: float | None = None
+        # The recovery after which a pruner last said it waits (``pruning_waits``, once each).
+        self.wait_said_after: float | None = None
         self.error: str | None = None
         self.failures = 0
         self._delay = first_delay

@@ -343,8 +343,8 @@ def may_prune(outage: "Outage", config: "Options", holder: str) -> bool:
         and time.monotonic() - outage.waiting_since >= MAX_WAITS * threshold
     ):
         return True
-    if outage.recovered_at not in _deferred_after:
-        _deferred_after.add(outage.recovered_at)
+    if outage.wait_said_after != outage.recovered_at:
+        outage.wait_said_after = outage.recovered_at
         events.emit(
             "pruning_waits",
             process=holder,
@@ -357,8 +357,6 @@ def may_prune(outage: "Outage", config: "Options", holder: str) -> bool:
 
 # How many thresholds a pruner waits at most after a run of outages of its own.
 MAX_WAITS = 2
-# The outages after which a deferral was said (once each).
-_deferred_after: set[float | None] = set()
 ORPHAN_OWNERS_PER_TRANSACTION = 50
 
 
