@@ -399,7 +399,12 @@ def ledger_hog(context: TaskContext, megabytes: int, seconds: float) -> int:
     from tests.faults import ledger as book
 
     book.append("start", context.task_result.id, context.attempt, book.now())
-    _hoard.append(bytearray(os.urandom(1024)) * (megabytes * 1024))
+    # A megabyte at a time, as a leak grows: one allocation of hundreds of megabytes holds
+    # the GIL for seconds on a loaded machine, and that is the GIL holder's scenario.
+    chunk = bytearray(os.urandom(1024)) * 1024
+    for _ in range(megabytes):
+        _hoard.append(bytearray(chunk))
+        time.sleep(0)
     return _ledgered_rest(context, seconds)
 
 
