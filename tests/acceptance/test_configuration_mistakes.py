@@ -79,6 +79,7 @@ def test_without_the_app_and_without_tasks_imported_at_load_check_cannot_tell():
     assert "[stalwart]\n    queue" in installed.output, installed.output
 
 
+@pytest.mark.any_database  # a setting read at start-up, whatever the database
 def test_a_bad_cron_expression_is_reported_and_stops_only_the_scheduler():
     check = run("check", STALWART_RECURRING=BAD_CRON)
     assert check.process.returncode == 1, check.output

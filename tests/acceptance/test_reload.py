@@ -14,7 +14,8 @@ from django.db import connections
 from stalwart.models import Job, Process
 from tests.helpers import Child, child_env, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Watching files and starting a command again is the same whatever the database.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.any_database]
 
 PROBE = """from django.tasks import task
 
