@@ -7,16 +7,21 @@ from stalwart.bulk import Call, aenqueue_many, enqueue_many
 from stalwart.cancellation import acancel, cancel
 from stalwart.context import StalwartTaskContext
 from stalwart.task import Exponential, Fixed, StalwartTask, task
+from stalwart.workflows import After, aenqueue_after, chain, enqueue_after
 
 __all__ = [
+    "After",
     "Call",
     "Exponential",
     "Fixed",
     "StalwartTask",
     "StalwartTaskContext",
     "acancel",
+    "aenqueue_after",
     "aenqueue_many",
     "cancel",
+    "chain",
+    "enqueue_after",
     "enqueue_many",
     "task",
 ]

@@ -111,7 +111,10 @@ class StalwartBackend(BaseTaskBackend):
         *,
         bulk: bool,
         ids: Sequence[uuid.UUID] = (),
+        pending: bool = False,
     ) -> list[TaskResult[P, R]]:
+        """``pending``: the jobs wait for parents (``enqueue_after``, which writes the edges)
+        and are released by the dispatcher once those are done."""
         require_app()
         from stalwart.db import NewJob
         from stalwart.db.hints import noted
@@ -125,7 +128,13 @@ class StalwartBackend(BaseTaskBackend):
         now = timezone.now()
         run_after = task.run_after
         available_at = run_after if run_after is not None and run_after > now else now
-        status = (JobStatus.SCHEDULED if available_at > now else JobStatus.READY).value
+        status = (
+            JobStatus.PENDING
+            if pending
+            else JobStatus.SCHEDULED
+            if available_at > now
+            else JobStatus.READY
+        ).value
         task_path = task.module_path
         limit = self.config.max_arguments_size
         max_attempts = self.max_attempts_for(task)
@@ -212,7 +221,7 @@ class StalwartBackend(BaseTaskBackend):
             return []
         fresh = results
         with noted(self.config.database):  # a missing table says what to run, say
-            if guarded is not None:
+            if guarded is not None and not pending:
                 results, fresh = self._insert_guarded(guarded, rows, results)
             else:
                 store.insert(rows)
@@ -252,6 +261,55 @@ class StalwartBackend(BaseTaskBackend):
             # The waiting twin is a job of this very task (its key includes the task's path).
             final.append(cast("TaskResult[P, R]", self.get_result(str(outcome))))
         return final, fresh
+
+    def enqueue_after[**P, R](
+        self,
+        task: Task[P, R],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        parents: Sequence[tuple[str, str]],
+    ) -> TaskResult[P, R]:
+        """Enqueue one call of ``task`` to run once ``parents`` are done: ``(job id,
+        on_failure)`` pairs, in order. Every parent must be a job of this backend that
+        exists; otherwise ``InvalidDependency`` and nothing is written. The job and its
+        dependencies are written in one transaction of the queue's database."""
+        require_app()
+        from stalwart.db.dependencies import insert_dependencies
+        from stalwart.exceptions import InvalidDependency
+        from stalwart.models import Dependency, Job
+
+        if isinstance(task, StalwartTask) and task.unique:
+            raise InvalidDependency(
+                f"Task {task.module_path!r} is unique, and a unique task cannot run after "
+                "other jobs yet: enqueue it without dependencies."
+            )
+        parent_ids = [uuid.UUID(job_id) for job_id, _ in parents]
+        database = self.config.database
+        with transaction.atomic(using=database):
+            found = set(
+                Job.objects.using(database)
+                .filter(pk__in=parent_ids, backend=self.alias)
+                .values_list("pk", flat=True)
+            )
+            missing = [str(job_id) for job_id in parent_ids if job_id not in found]
+            if missing:
+                raise InvalidDependency(
+                    f"{task.module_path} cannot run after job(s) {', '.join(missing)}: no such "
+                    f"job in backend {self.alias!r} (never enqueued there, or already "
+                    "deleted by retention). Nothing was enqueued."
+                )
+            result = self._enqueue(task, [(args, kwargs)], bulk=False, pending=True)[0]
+            child = uuid.UUID(result.id)
+            insert_dependencies(
+                database,
+                [
+                    Dependency(child=child, parent=parent, position=position, on_failure=policy)
+                    for position, (parent, (_, policy)) in enumerate(
+                        zip(parent_ids, parents, strict=True)
+                    )
+                ],
+            )
+        return result
 
     def enqueue_with_id[**P, R](
         self,

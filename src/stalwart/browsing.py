@@ -23,7 +23,16 @@ from django.db.models import Q, QuerySet
 from stalwart.models import ConcurrencyKey, Job, JobStatus, Process
 
 # The states, in the order the dashboard's tabs and the command's help list them.
-STATES = ("ready", "scheduled", "running", "blocked", "failed", "successful", "cancelled")
+STATES = (
+    "ready",
+    "scheduled",
+    "running",
+    "blocked",
+    "pending",
+    "failed",
+    "successful",
+    "cancelled",
+)
 FINISHED = ("failed", "successful", "cancelled")
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
@@ -41,6 +50,7 @@ ORDERS: dict[str | None, tuple[tuple[str, bool], ...]] = {
         ("id", False),
     ),
     "running": (("last_attempted_at", True), ("id", True)),
+    "pending": (("id", False),),
     "failed": (("finished_at", True), ("id", True)),
     "successful": (("finished_at", True), ("id", True)),
     "cancelled": (("finished_at", True), ("id", True)),
@@ -53,6 +63,7 @@ TIME_FIELDS = {
     "scheduled": "available_at",
     "blocked": "available_at",
     "running": "last_attempted_at",
+    "pending": "enqueued_at",
     "failed": "finished_at",
     "successful": "finished_at",
     "cancelled": "finished_at",
@@ -470,3 +481,26 @@ def as_dict(job: Job, *, with_arguments: bool = True, brief: bool = False) -> di
         data["args"] = job.args
         data["kwargs"] = job.kwargs
     return data
+
+
+def graph(database: str, job_id: Any) -> tuple[list[dict], list[dict]]:
+    """The jobs ``job_id`` runs after and those that run after it: id, task and state."""
+    from stalwart.db.dependencies import children_of, parents_of
+
+    def described(ids: list[Any]) -> list[dict]:
+        rows = {
+            row["id"]: row
+            for row in Job.objects.using(database)
+            .filter(pk__in=ids)
+            .values("id", "task_path", "status")
+        }
+        return [
+            {
+                "id": str(job),
+                "task_path": rows[job]["task_path"] if job in rows else None,
+                "status": rows[job]["status"] if job in rows else "deleted",
+            }
+            for job in ids
+        ]
+
+    return described(parents_of(database, job_id)), described(children_of(database, job_id))

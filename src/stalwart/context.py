@@ -1,4 +1,5 @@
-"""The context a task with ``takes_context=True`` receives: Django's, and a cancel request.
+"""The context a task with ``takes_context=True`` receives: Django's, a cancel request, and
+the results of the jobs it runs after.
 
 Cancelling a running job is cooperative: nothing is killed. ``stalwart.cancel()`` marks the
 job; its worker learns of the mark within a heartbeat interval (the look it already takes at
@@ -38,6 +39,26 @@ class StalwartTaskContext(_AnyTaskContext):  # type: ignore[misc]
     def cancel_requested(self) -> bool:
         """True once someone has asked this job to stop (a cheap read: no query)."""
         return self.cancellation.is_set()
+
+    def parent_results(self) -> list[Any]:
+        """The results (``TaskResult``) of the jobs this one runs after (``enqueue_after``,
+        ``chain``), read from the database now, in the order they were given; a parent
+        deleted since is left out. Empty for a job that runs after nothing."""
+        import uuid
+
+        from django.tasks import task_backends
+        from django.tasks.exceptions import TaskResultDoesNotExist
+
+        from stalwart.db.dependencies import parents_of
+
+        backend: Any = task_backends[self.task_result.backend]
+        found = []
+        for parent in parents_of(backend.config.database, uuid.UUID(self.task_result.id)):
+            try:
+                found.append(backend.get_result(str(parent)))
+            except TaskResultDoesNotExist:
+                continue
+        return found
 
     def raise_if_cancelled(self) -> None:
         """Raise ``JobCancelled`` if someone has asked this job to stop."""

@@ -141,3 +141,15 @@ class JobCancelled(Exception):
 
     def __init__(self, message: str = "The job was cancelled while it ran.") -> None:
         super().__init__(message)
+
+
+class InvalidDependency(InvalidTask, ValueError):
+    """A job asked to run after jobs it cannot run after: an unknown (or pruned) job, a job
+    of another backend or database, a value that is not a job's result, a bad ``on_failure``.
+    Raised at the call; nothing is enqueued."""
+
+
+class ParentFailed(Exception):
+    """Recorded in a dependant's errors when it is cancelled because a job it runs after
+    failed for good, was cancelled, or was deleted (its dependency's ``on_failure`` was
+    ``"cancel"``). Never raised in a task."""

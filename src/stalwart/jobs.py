@@ -352,8 +352,39 @@ class JobStore:
             with self.connection.cursor() as cursor:
                 self.statements.notify(cursor, queue_names)
 
+    def resolve_dependencies(self, *, limit: int = 1000) -> tuple[int, int]:
+        """Release pending jobs whose parents are done, cancel those a parent's failure
+        dooms (``stalwart.db.dependencies``); return (released, cancelled)."""
+        from stalwart.db import dependencies
+        from stalwart.ticks import database_now
+
+        def run() -> tuple[int, int]:
+            if not dependencies.any_pending(self.database):
+                return 0, 0
+            now = database_now(self.database)
+            cancelled = dependencies.cancel_broken(self.database, now=now, limit=limit)
+            released = dependencies.release_ready(self.database, now=now, limit=limit)
+            return released, cancelled
+
+        released, cancelled = retry_transient(self.database, run, what="resolve_dependencies")
+        if released:
+            events.emit("dependants_released", count=released)
+        if cancelled:
+            events.emit("dependants_cancelled", count=cancelled)
+        return released, cancelled
+
+    def any_pending(self) -> bool:
+        """Whether some job waits for the jobs it runs after."""
+        from stalwart.db import dependencies
+
+        return retry_transient(
+            self.database, lambda: dependencies.any_pending(self.database), what="any_pending"
+        )
+
     def promote_due(self, *, limit: int = 1000) -> int:
-        """Move due scheduled jobs on (one batch) and hand out slots; return how many."""
+        """Release pending jobs whose parents are done, then move due scheduled jobs on
+        (one batch) and hand out slots; return how many were promoted."""
+        self.resolve_dependencies(limit=limit)
 
         def run() -> tuple[int, list]:
             with self.connection.cursor() as cursor:
@@ -439,10 +470,15 @@ class JobStore:
         )
 
     def waiting_queues(self) -> list[str]:
-        """The queues with a job ready, blocked or scheduled (for ``--stop-when-empty``)."""
+        """The queues with a job ready, blocked, scheduled or pending (waiting for the jobs
+        it runs after), for ``--stop-when-empty``."""
+        from stalwart.models import Job
 
         def look() -> list[str]:
             with self.connection.cursor() as cursor:
-                return self.statements.waiting_queues(cursor)
+                found = set(self.statements.waiting_queues(cursor))
+            pending = Job.objects.using(self.database).filter(status="pending")
+            found.update(pending.values_list("queue_name", flat=True).distinct())
+            return sorted(found)
 
         return retry_transient(self.database, look, what="waiting queues")

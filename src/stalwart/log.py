@@ -40,6 +40,8 @@ _LEVELS = {
     "job_result_discarded": logging.WARNING,
     "jobs_released": logging.WARNING,
     "jobs_promoted": logging.DEBUG,
+    "dependants_released": logging.DEBUG,
+    "dependants_cancelled": logging.INFO,
     "recurring_enqueued": logging.INFO,
     "job_timed_out": logging.ERROR,
     "worker_recycling": logging.INFO,

@@ -10,6 +10,7 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
+import stalwart
 from stalwart import Call, control, enqueue_many
 from stalwart.models import Job, Process
 from tests.dashboard.conftest import ADMIN
@@ -303,3 +304,17 @@ def test_the_overview_and_lists_offer_a_refresh_that_keeps_their_place(viewer):
         assert "stalwart/dashboard/refresh.js" in page
         assert "data-refresh=" in page
     assert 'id="stalwart-refresh"' not in text(viewer.get(f"{ADMIN}/processes/"))
+
+
+def test_pending_jobs_have_their_tab_and_a_job_shows_what_it_runs_after(viewer):
+    parent = tasks.add.enqueue(1, 2)
+    child = stalwart.enqueue_after([parent], tasks.plus_parents)
+    assert listed(viewer.get(ADMIN + "/jobs/pending/")) == [child.id]
+    page = text(viewer.get(ADMIN + "/jobs/pending/"))
+    assert re.search(r"Pending <span class=\"badge\">1</span>", page)
+    shown = text(viewer.get(ADMIN + f"/job/{child.id}/"))
+    assert re.search(rf'id="runs-after"><a href="[^"]*/job/{parent.id}/">{parent.id}</a>', shown)
+    assert "(ready)" in shown
+    parent_page = text(viewer.get(ADMIN + f"/job/{parent.id}/"))
+    assert re.search(rf'id="dependants"><a href="[^"]*/job/{child.id}/">', parent_page)
+    assert "(pending)" in parent_page

@@ -577,3 +577,15 @@ def _wait_for_the_timer(how: str) -> bool:
             return True
         time.sleep(0.02)  # polling the timer for the heartbeat's restoration
     return False
+
+
+@task(takes_context=True)
+def plus_parents(context: TaskContext, n: int = 0) -> int:
+    """A dependant: ``n`` plus the return values of the jobs it runs after, in order."""
+    return n + sum(parent.return_value for parent in context.parent_results())
+
+
+@task(takes_context=True)
+def parent_states(context: TaskContext) -> list[str]:
+    """A dependant that runs whatever its parents did: their states, in order."""
+    return [parent.status.value for parent in context.parent_results()]

@@ -14,7 +14,16 @@ from django.core.management.base import CommandError
 from stalwart.cli import format_table, get_backend, subcommand
 from stalwart.cli.types import job_id, queue_name, whole
 
-STATE_CHOICES = ("ready", "scheduled", "running", "blocked", "failed", "successful", "cancelled")
+STATE_CHOICES = (
+    "ready",
+    "scheduled",
+    "running",
+    "blocked",
+    "pending",
+    "failed",
+    "successful",
+    "cancelled",
+)
 
 
 def moment(value: str) -> datetime:
@@ -166,7 +175,7 @@ def _show_arguments(parser: argparse.ArgumentParser) -> None:
     _show_arguments,
 )
 def show(command: Any, options: dict[str, Any]) -> int:
-    from stalwart.browsing import as_dict, find_job, history
+    from stalwart.browsing import as_dict, find_job, graph, history
 
     backend = get_backend(options["backend"])
     job = find_job(backend.config.database, options["job_id"])
@@ -176,6 +185,7 @@ def show(command: Any, options: dict[str, Any]) -> int:
             "after their retention period)."
         )
     data = as_dict(job, with_arguments=not options.get("no_arguments"))
+    data["runs_after"], data["dependants"] = graph(backend.config.database, job.id)
     if options.get("json"):
         command.stdout.write(json.dumps(data, indent=2))
         return 0
@@ -206,6 +216,8 @@ def show(command: Any, options: dict[str, Any]) -> int:
         "unique_while_running",
         "isolated",
         "cancel_requested_at",
+        "runs_after",
+        "dependants",
         "return_value",
         "args",
         "kwargs",

@@ -33,6 +33,7 @@ BULK_ACTIONS = {
     "ready": ["cancel"],
     "scheduled": ["run-now", "cancel"],
     "blocked": ["cancel"],
+    "pending": ["cancel"],
     "running": ["cancel"],
     "failed": ["retry", "discard"],
     "successful": [],
@@ -47,7 +48,7 @@ LABELS = {
     "run-now": "Run now",
 }
 # The states whose jobs wait on their queue: a paused queue's are marked so.
-WAITING = ("ready", "scheduled", "blocked")
+WAITING = ("ready", "scheduled", "blocked", "pending")
 # Seconds between two refreshes of a page that refreshes itself (overview, lists).
 REFRESH_SECONDS = 5
 # Django 6.1's admin draws breadcrumbs as a list (<ol>), 6.0's as a <div>: as theirs, ours.
@@ -223,6 +224,9 @@ def job(request: Any, site: Any, backend: str, job_id: Any) -> HttpResponse:
         django_status=str(_task_result_status(row.status)),
         history=browsing.history(row),
         owner=owner,
+        graph=dict(
+            zip(("runs_after", "dependants"), browsing.graph(config.database, row.id), strict=True)
+        ),
         # Pretty JSON as text: the template escapes it like any other text.
         arguments=json.dumps({"args": row.args, "kwargs": row.kwargs}, indent=2),
         return_value=json.dumps(row.return_value, indent=2),

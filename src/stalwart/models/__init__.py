@@ -3,6 +3,7 @@
 from stalwart.models.control import ConcurrencyKey, QueuePause
 from stalwart.models.counter import Counter
 from stalwart.models.dashboard import Dashboard
+from stalwart.models.dependency import Dependency, OnFailure
 from stalwart.models.job import Job, JobStatus
 from stalwart.models.lease import Lease
 from stalwart.models.process import Process
@@ -12,9 +13,11 @@ __all__ = [
     "ConcurrencyKey",
     "Counter",
     "Dashboard",
+    "Dependency",
     "Job",
     "JobStatus",
     "Lease",
+    "OnFailure",
     "Process",
     "QueuePause",
     "RecurringRun",

@@ -7,6 +7,7 @@ from django.tasks import TaskResultStatus
 class JobStatus(models.TextChoices):
     """A job is in exactly one of these states; see docs/explanation/state-machine.md."""
 
+    PENDING = "pending", "Pending"  # waiting for the jobs it runs after (enqueue_after)
     SCHEDULED = "scheduled", "Scheduled"  # waiting for its time (run_after, retry delay)
     BLOCKED = "blocked", "Blocked"  # waiting for a concurrency slot
     READY = "ready", "Ready"  # claimable now
@@ -22,6 +23,7 @@ class JobStatus(models.TextChoices):
 
 
 _TASK_RESULT_STATUS = {
+    JobStatus.PENDING: TaskResultStatus.READY,
     JobStatus.SCHEDULED: TaskResultStatus.READY,
     JobStatus.BLOCKED: TaskResultStatus.READY,
     JobStatus.READY: TaskResultStatus.READY,
@@ -34,7 +36,7 @@ _TASK_RESULT_STATUS = {
 }
 
 # The states a job can be cancelled from at once (it is waiting, no worker holds it).
-CANCELLABLE_STATES = ("scheduled", "blocked", "ready")
+CANCELLABLE_STATES = ("pending", "scheduled", "blocked", "ready")
 # The states in which a job has ended: retention deletes them.
 FINISHED_STATES = ("successful", "failed", "cancelled")
 
@@ -128,6 +130,12 @@ class Job(models.Model):
                 fields=["-priority", "available_at", "id"],
                 condition=models.Q(status="ready"),
                 name="stalwart_job_claim_any",
+            ),
+            # Jobs waiting for their parents: the dispatcher's look at which it may release.
+            models.Index(
+                fields=["id"],
+                condition=models.Q(status="pending"),
+                name="stalwart_job_pending",
             ),
             # Scheduled jobs that fall due.
             models.Index(

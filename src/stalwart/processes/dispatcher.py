@@ -100,6 +100,10 @@ class Dispatcher(Role):
             return self.dispatcher.polling_interval  # notifications are not heard: poll
         now, due = self.store.next_due()
         wait = self.dispatcher.listen_timeout
+        if self.store.any_pending():
+            # A parent's end notifies nobody: while jobs wait for theirs, look every
+            # polling_interval.
+            wait = self.dispatcher.polling_interval
         recheck, self._recheck_due = self._recheck_due, False
         if due is not None:
             until_due = due - now

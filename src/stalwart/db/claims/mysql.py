@@ -63,10 +63,10 @@ from stalwart.queues import QueuePattern
 # The states of the jobs ``waiting_queues`` looks for.
 _WAITING = ("scheduled", "blocked", "ready")
 # The insert: whether a new job is due, and since when, is the database clock's verdict on
-# its run_after (as on PostgreSQL); status takes run_after and concurrency_key, available_at
-# run_after.
+# its run_after (as on PostgreSQL); status takes the status asked for (a job that waits for
+# its parents stays pending), run_after and concurrency_key; available_at takes run_after.
 _BY_THE_DATABASE_CLOCK = {
-    "status": f"CASE WHEN %s > {MYSQL_NOW} THEN 'scheduled' "
+    "status": f"CASE WHEN %s = 'pending' THEN 'pending' WHEN %s > {MYSQL_NOW} THEN 'scheduled' "
     "WHEN %s IS NOT NULL THEN 'blocked' ELSE 'ready' END",
     "available_at": f"GREATEST(COALESCE(%s, {MYSQL_NOW}), {MYSQL_NOW})",
 }
@@ -110,7 +110,7 @@ class MySQLClaims(Claims):
         params = []
         for name in INSERT_COLUMNS:
             if name == "status":
-                params += [values["run_after"], values["concurrency_key"]]
+                params += [values["status"], values["run_after"], values["concurrency_key"]]
             elif name == "available_at":
                 params.append(values["run_after"])
             else:

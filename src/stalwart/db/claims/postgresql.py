@@ -79,7 +79,8 @@ _CONSTANTS = [f"{value}::{_COLUMN_TYPES[name]}" for name, value in INSERT_CONSTA
 # Whether a new job is due, and since when, is the database clock's verdict on its
 # run_after (enqueued_at stays the caller's record of when it called enqueue).
 _BY_THE_DATABASE_CLOCK = {
-    "status": "CASE WHEN row.run_after > now() THEN 'scheduled' "
+    "status": "CASE WHEN row.status = 'pending' THEN 'pending' "
+    "WHEN row.run_after > now() THEN 'scheduled' "
     "WHEN row.concurrency_key IS NOT NULL THEN 'blocked' ELSE 'ready' END",
     "available_at": "GREATEST(row.run_after, now())",
 }
