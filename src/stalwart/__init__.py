@@ -3,6 +3,7 @@
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _distribution_version
 
+from stalwart.batches import Batch, BatchProgress, batch, get_batch
 from stalwart.bulk import Call, aenqueue_many, enqueue_many
 from stalwart.cancellation import acancel, cancel
 from stalwart.context import StalwartTaskContext
@@ -11,6 +12,8 @@ from stalwart.workflows import After, aenqueue_after, chain, enqueue_after
 
 __all__ = [
     "After",
+    "Batch",
+    "BatchProgress",
     "Call",
     "Exponential",
     "Fixed",
@@ -19,10 +22,12 @@ __all__ = [
     "acancel",
     "aenqueue_after",
     "aenqueue_many",
+    "batch",
     "cancel",
     "chain",
     "enqueue_after",
     "enqueue_many",
+    "get_batch",
     "task",
 ]
 # One place for the version: pyproject.toml, read back from the installed distribution (a

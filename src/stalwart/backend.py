@@ -309,6 +309,9 @@ class StalwartBackend(BaseTaskBackend):
                     )
                 ],
             )
+            # A listening dispatcher may sleep until its next due job: wake it (at commit),
+            # so that it looks at pending jobs every polling_interval from now on.
+            self.store.notify_scheduled(due_in=0)
         return result
 
     def enqueue_with_id[**P, R](

@@ -60,6 +60,21 @@ class StalwartTaskContext(_AnyTaskContext):  # type: ignore[misc]
                 continue
         return found
 
+    def batch(self) -> Any:
+        """The ``stalwart.Batch`` this job belongs to (as a member or a callback), or
+        None. A member may add jobs to it: ``context.batch().enqueue(task, ...)``."""
+        import uuid
+
+        from django.tasks import task_backends
+
+        from stalwart.batches import Batch
+        from stalwart.db.batches import batch_of
+
+        alias = self.task_result.backend
+        backend: Any = task_backends[alias]
+        found = batch_of(backend.config.database, uuid.UUID(self.task_result.id))
+        return None if found is None else Batch(found, backend=alias)
+
     def raise_if_cancelled(self) -> None:
         """Raise ``JobCancelled`` if someone has asked this job to stop."""
         if self.cancellation.is_set():

@@ -153,3 +153,9 @@ class ParentFailed(Exception):
     """Recorded in a dependant's errors when it is cancelled because a job it runs after
     failed for good, was cancelled, or was deleted (its dependency's ``on_failure`` was
     ``"cancel"``). Never raised in a task."""
+
+
+class InvalidBatch(InvalidTask, ValueError):
+    """A batch asked to do what it cannot: take jobs once finished, close twice, take a
+    callback that is not a task (or of another backend). Raised at the call; nothing is
+    stored."""

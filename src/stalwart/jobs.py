@@ -373,17 +373,83 @@ class JobStore:
             events.emit("dependants_cancelled", count=cancelled)
         return released, cancelled
 
-    def any_pending(self) -> bool:
-        """Whether some job waits for the jobs it runs after."""
-        from stalwart.db import dependencies
+    def finish_batches(self, *, limit: int = 100) -> int:
+        """Enqueue the callbacks of closed batches whose members have all finished, each
+        batch once (``stalwart.db.batches``); return how many batches finished."""
+        from stalwart.db import batches
 
-        return retry_transient(
-            self.database, lambda: dependencies.any_pending(self.database), what="any_pending"
+        def run() -> int:
+            finished = 0
+            for row in batches.waiting(self.database, limit=limit):
+                if batches.has_unfinished_members(self.database, row.id):
+                    continue
+                if self._finish_batch(row):
+                    finished += 1
+            return finished
+
+        return retry_transient(self.database, run, what="finish_batches")
+
+    def _finish_batch(self, row: Any) -> bool:
+        """Mark one batch finished and enqueue its callbacks, in one transaction."""
+        from django.tasks import task_backends
+
+        from stalwart.db import batches
+        from stalwart.resolution import resolve_task
+        from stalwart.ticks import database_now
+
+        with transaction.atomic(using=self.database):
+            if not batches.mark_finished(self.database, row.id, database_now(self.database)):
+                return False  # another dispatcher did
+            if batches.has_unfinished_members(self.database, row.id):
+                transaction.set_rollback(True, using=self.database)  # one was just added
+                return False
+            counts = batches.member_counts(self.database, row.id, row.total)
+            failed = counts.get("failed", 0) + counts.get("cancelled", 0)
+            roles = ["on_failure" if failed else "on_success", "on_finish"]
+            backend = task_backends[row.backend]
+            enqueued = []
+            for role in roles:
+                spec = row.callbacks.get(role)
+                if spec is None:
+                    continue
+                task = resolve_task(spec["task_path"]).using(
+                    queue_name=spec["queue_name"], priority=spec["priority"], backend=row.backend
+                )
+                result: Any = backend.enqueue(task, spec["args"], spec["kwargs"])
+                batches.link_callback(self.database, row.id, uuid.UUID(result.id), role)
+                enqueued.append(role)
+            # Everything written, nothing committed yet: a death here undoes all of it.
+            events.emit("batch_finishing", batch=str(row.id))
+        events.emit(
+            "batch_finished",
+            batch=str(row.id),
+            total=row.total,
+            failed=failed,
+            callbacks=",".join(enqueued) or "none",
         )
+        return True
+
+    def any_pending(self) -> bool:
+        """Whether some job waits for the jobs it runs after, or some closed batch for its
+        members to finish: then the dispatcher looks every polling_interval."""
+        from stalwart.db import dependencies
+        from stalwart.models import Batch
+
+        def look() -> bool:
+            return (
+                dependencies.any_pending(self.database)
+                or Batch.objects.using(self.database)
+                .filter(closed_at__isnull=False, finished_at__isnull=True)
+                .exists()
+            )
+
+        return retry_transient(self.database, look, what="any_pending")
 
     def promote_due(self, *, limit: int = 1000) -> int:
         """Release pending jobs whose parents are done, then move due scheduled jobs on
-        (one batch) and hand out slots; return how many were promoted."""
+        (one batch) and hand out slots; return how many were promoted. Finished batches'
+        callbacks are enqueued first, so they are promoted in the same look."""
+        self.finish_batches()
         self.resolve_dependencies(limit=limit)
 
         def run() -> tuple[int, list]:
@@ -471,14 +537,21 @@ class JobStore:
 
     def waiting_queues(self) -> list[str]:
         """The queues with a job ready, blocked, scheduled or pending (waiting for the jobs
-        it runs after), for ``--stop-when-empty``."""
-        from stalwart.models import Job
+        it runs after), or a batch callback to come, for ``--stop-when-empty``."""
+        from stalwart.models import Batch, Job
 
         def look() -> list[str]:
             with self.connection.cursor() as cursor:
                 found = set(self.statements.waiting_queues(cursor))
             pending = Job.objects.using(self.database).filter(status="pending")
             found.update(pending.values_list("queue_name", flat=True).distinct())
+            # A closed batch's callbacks are jobs to come, in their queues.
+            for callbacks in (
+                Batch.objects.using(self.database)
+                .filter(closed_at__isnull=False, finished_at__isnull=True)
+                .values_list("callbacks", flat=True)
+            ):
+                found.update(spec["queue_name"] for spec in callbacks.values())
             return sorted(found)
 
         return retry_transient(self.database, look, what="waiting queues")

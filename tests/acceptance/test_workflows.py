@@ -1,9 +1,11 @@
-"""Dependencies under ``queue supervise``: real processes, real forks, a real SIGKILL.
+"""Dependencies and batches under ``queue supervise``: real processes, real forks, real
+SIGKILLs.
 
 Two supervisors share the database, each with a dispatcher that releases dependants. A
 fan-out and fan-in (40 parents, one child after all of them) and a chain of five links run
 while one dispatcher is killed: every dependant runs once, after its parents, and nothing is
-left pending.
+left pending. A dispatcher killed inside the transaction that enqueues a batch's callback
+leaves it to another: the callback runs once.
 """
 
 import itertools
@@ -13,8 +15,9 @@ import signal
 import pytest
 from django.tasks import TaskResultStatus
 
+import stalwart
 from stalwart import Call, chain, enqueue_after, enqueue_many
-from stalwart.models import Job, Process
+from stalwart.models import BatchJob, Job, Process
 from tests.acceptance.supervision import (
     assert_nothing_left_behind,
     executions_per_job,
@@ -23,6 +26,7 @@ from tests.acceptance.supervision import (
 )
 from tests.helpers import wait_for
 from tests.testapp import tasks
+from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -64,6 +68,38 @@ def test_a_fan_in_and_a_chain_finish_once_each_with_a_dispatcher_killed(reaped):
     assert {rows[job_id].attempt for job_id in ids} == {1}
     assert set(executions_per_job().values()) == {1}
     assert not Job.objects.filter(status="pending").exists()
+
+    assert stop(first) == 0, first.output
+    assert stop(second) == 0, second.output
+    assert_nothing_left_behind()
+
+
+def test_a_dispatcher_killed_while_it_finishes_a_batch_leaves_its_callback_to_another(
+    reaped, tmp_path
+):
+    flag = tmp_path / "die-finishing-batch"
+    flag.write_text("armed")
+    env = {"STALWART_FAULT_DIE_FINISHING_BATCH": str(flag)}
+    first = start_supervisor("--processes", "1", "--threads", "4", children=3, **env)
+    reaped.append(first)
+    second = start_supervisor("--processes", "1", "--threads", "4", children=3, **env)
+    reaped.append(second)
+
+    with stalwart.batch(on_finish=(tasks.record, Call(label="callback"))) as batch:
+        batch.enqueue_many(tasks.record, [Call(label="member") for _ in range(20)])
+
+    wait_for(lambda: not flag.exists(), timeout=60, message="a dispatcher to die finishing")
+    wait_for(
+        lambda: Execution.objects.filter(label="callback").exists(),
+        timeout=60,
+        message="the callback to run, enqueued by the other dispatcher or a replacement",
+    )
+    assert BatchJob.objects.filter(batch=batch.id).exclude(role="member").count() == 1
+    assert Execution.objects.filter(label="callback").count() == 1
+    assert Execution.objects.filter(label="member").count() == 20
+    assert batch.finished
+    killed = "was killed by SIGKILL"
+    assert killed in first.output + second.output
 
     assert stop(first) == 0, first.output
     assert stop(second) == 0, second.output

@@ -15,6 +15,9 @@ answer comes late and whose link then goes down); the variables only say where a
   holds, the next heartbeat's answer arrives ``<seconds>`` late, and then the heartbeat's
   link goes down (its socket is cut, reconnections are refused): a slow network, then a
   partition, on that host only.
+- ``STALWART_FAULT_DIE_FINISHING_BATCH=<file>``: the first process to reach the end of a
+  batch's finishing transaction (callbacks enqueued, not yet committed) while ``<file>``
+  exists removes it and kills itself with ``SIGKILL``.
 """
 
 import logging
@@ -30,6 +33,7 @@ BLOCKING_LOG = "STALWART_FAULT_BLOCKING_LOG"
 LATE_HEARTBEAT = "STALWART_FAULT_LATE_HEARTBEAT"
 STUCK_LOOP = "STALWART_FAULT_STUCK_LOOP"
 SLOW_RECEIVER = "STALWART_FAULT_SLOW_RECEIVER"
+DIE_FINISHING_BATCH = "STALWART_FAULT_DIE_FINISHING_BATCH"
 
 
 def _named_in(flag: Path) -> bool:
@@ -100,6 +104,23 @@ def _slow(sender: object, **kwargs: object) -> None:
     time.sleep(float(os.environ[SLOW_RECEIVER]))  # the receiver's own slow work
 
 
+def _die_finishing_batch(flag: Path) -> None:
+    import signal
+
+    from stalwart import events
+
+    def on_event(action: str, fields: dict[str, Any]) -> None:
+        if action != "batch_finishing":
+            return
+        try:
+            flag.unlink()  # one process wins, once
+        except OSError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    events.subscribe(on_event)
+
+
 def install() -> None:
     if os.environ.get(RAISING_RECEIVER):
         from django.tasks.signals import task_finished
@@ -115,3 +136,5 @@ def install() -> None:
         _stuck_main_loop(Path(os.environ[STUCK_LOOP]))
     if spec := os.environ.get(LATE_HEARTBEAT):
         _late_then_cut_off(spec)
+    if os.environ.get(DIE_FINISHING_BATCH):
+        _die_finishing_batch(Path(os.environ[DIE_FINISHING_BATCH]))

@@ -589,3 +589,28 @@ def plus_parents(context: TaskContext, n: int = 0) -> int:
 def parent_states(context: TaskContext) -> list[str]:
     """A dependant that runs whatever its parents did: their states, in order."""
     return [parent.status.value for parent in context.parent_results()]
+
+
+@task(takes_context=True)
+def batch_report(context: TaskContext, note: str = "") -> dict:
+    """A batch callback: what it reads of its batch."""
+    batch = context.batch()
+    progress = batch.progress()
+    return {
+        "note": note,
+        "batch": batch.id,
+        "total": progress.total,
+        "succeeded": progress.succeeded,
+        "failed": progress.failed,
+        "results": sorted(
+            r.return_value for r in batch.results() if r.status.value == "SUCCESSFUL"
+        ),
+    }
+
+
+@task(takes_context=True)
+def add_then_grow(context: TaskContext, a: int, b: int, more: int = 0) -> int:
+    """A batch member that adds ``more`` members to its own batch."""
+    for n in range(more):
+        context.batch().enqueue(add, n, 100)
+    return a + b

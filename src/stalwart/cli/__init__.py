@@ -153,4 +153,4 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 # The subcommands register themselves on import, in the order --help lists them.
-from stalwart.cli import running, inspection, jobs, steering, enqueueing  # noqa: E402, F401, I001
+from stalwart.cli import running, inspection, jobs, batches, steering, enqueueing  # noqa: E402, F401, I001

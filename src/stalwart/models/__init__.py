@@ -1,5 +1,6 @@
 """The tables Stalwart keeps in the application's database."""
 
+from stalwart.models.batch import Batch, BatchJob, BatchRole
 from stalwart.models.control import ConcurrencyKey, QueuePause
 from stalwart.models.counter import Counter
 from stalwart.models.dashboard import Dashboard
@@ -10,6 +11,9 @@ from stalwart.models.process import Process
 from stalwart.models.recurring import RecurringRun
 
 __all__ = [
+    "Batch",
+    "BatchJob",
+    "BatchRole",
     "ConcurrencyKey",
     "Counter",
     "Dashboard",
