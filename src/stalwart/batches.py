@@ -179,6 +179,23 @@ class Batch:
         # transaction), so that it watches this batch every polling_interval.
         _backend(self.backend).store.notify_scheduled(due_in=0)
 
+    def cancel(self) -> Any:
+        """Cancel the members still waiting, ask the running ones to stop (as
+        ``stalwart.cancel``), and close the batch if it is open: its callbacks then come
+        once the running members have stopped (``on_failure`` and ``on_finish``, cancelled
+        members being failures). Returns the ``Cancelled`` counts."""
+        from stalwart.cancellation import cancel
+        from stalwart.control import Cancelled
+        from stalwart.db.batches import close, member_ids
+
+        database = self._database
+        batch_id = uuid.UUID(self.id)
+        ids = [str(job_id) for job_id in member_ids(database, batch_id)]
+        counts = cancel(*ids, backend=self.backend) if ids else Cancelled(0, 0)
+        if close(database, batch_id, timezone.now()):
+            _backend(self.backend).store.notify_scheduled(due_in=0)
+        return counts
+
     def __enter__(self) -> Batch:
         return self
 

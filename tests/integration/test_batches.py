@@ -191,3 +191,23 @@ def test_queue_batches_lists_each_batch_with_its_members_by_state():
     table = queue("batches")
     assert "LABEL" in table
     assert "finished" in table
+
+
+def test_cancelling_a_batch_cancels_its_waiting_members_and_ends_it_as_failed():
+    batch = stalwart.batch(on_success=tasks.batch_report, on_failure=tasks.batch_report)
+    done = batch.enqueue(tasks.add, 2, 2)
+    drain(threads=1)
+    waiting = batch.enqueue_many(tasks.noop, [Call() for _ in range(3)])
+    counts = batch.cancel()
+    assert (counts.cancelled, counts.requested) == (3, 0)
+    assert batch.closed
+    assert {job(result).status for result in waiting} == {"cancelled"}
+    assert job(done).status == "successful"
+    assert JobStore("default").finish_batches() == 1
+    assert set(callbacks_of(batch)) == {"on_failure"}
+    with pytest.raises(InvalidBatch, match="has finished"):
+        batch.enqueue(tasks.noop)
+
+
+def job(result) -> Job:
+    return Job.objects.get(pk=result.id)
