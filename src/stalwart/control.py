@@ -314,6 +314,12 @@ def retry_failed(
     )
     if count and not dry_run:
         events.emit("jobs_retried", count=count)
+        # The jobs that ran after them, cancelled by their failure, wait for them again.
+        from stalwart.db.dependencies import revive
+
+        revived = revive(_database(backend))
+        if revived:
+            events.emit("dependants_revived", count=revived)
     return count
 
 

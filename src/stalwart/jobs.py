@@ -5,9 +5,11 @@ one transaction of ours, retried on transient errors, except ``insert``, which j
 caller's transaction so that a rolled-back enqueue never existed.
 """
 
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
@@ -18,6 +20,14 @@ from stalwart.db.errors import is_lock_wait, is_unique_conflict
 from stalwart.db.retry import retry_transient
 from stalwart.queues import QueuePattern, QueueSelector
 
+# The dispatcher's look at pending jobs reads the jobs finished since its last look, and
+# this much before (a finish committed late, the clocks of the hosts that write finish
+# times); a sweep through every pending job starts every SWEEP_INTERVAL seconds, a page of
+# it per look.
+RECENT_MARGIN = timedelta(seconds=5)
+SWEEP_INTERVAL = 60.0
+RESOLVE_CHUNK = 500
+
 
 class JobStore:
     """Job-table operations on one database alias, for the calling thread's connection."""
@@ -25,6 +35,11 @@ class JobStore:
     def __init__(self, database: str, *, notify: bool = True) -> None:
         self.database = database
         self.notify = notify
+        # The dispatcher's looks at pending jobs (resolve_dependencies): when the last one
+        # was (database clock), and where the sweep through every pending job stands.
+        self._resolved_until: Any = None
+        self._sweep_after: Any = None
+        self._next_sweep = 0.0
 
     @property
     def connection(self) -> Any:
@@ -353,20 +368,72 @@ class JobStore:
                 self.statements.notify(cursor, queue_names)
 
     def resolve_dependencies(self, *, limit: int = 1000) -> tuple[int, int]:
-        """Release pending jobs whose parents are done, cancel those a parent's failure
-        dooms (``stalwart.db.dependencies``); return (released, cancelled)."""
+        """The dispatcher's look at pending jobs (``stalwart.db.dependencies``): those that
+        run after a job finished since the last look, and a page of the sweep through every
+        pending job when one is due. Returns (released, cancelled)."""
         from stalwart.db import dependencies
         from stalwart.ticks import database_now
 
-        def run() -> tuple[int, int]:
+        def run() -> list[Any]:
             if not dependencies.any_pending(self.database):
-                return 0, 0
+                self._sweep_after = None
+                return []
             now = database_now(self.database)
-            cancelled = dependencies.cancel_broken(self.database, now=now, limit=limit)
-            released = dependencies.release_ready(self.database, now=now, limit=limit)
-            return released, cancelled
+            since, self._resolved_until = self._resolved_until, now
+            children: list[Any] = []
+            if since is not None:
+                children = dependencies.recent_children(
+                    self.database, since=since - RECENT_MARGIN, limit=limit
+                )
+            if (
+                since is None
+                or self._sweep_after is not None
+                or time.monotonic() >= (self._next_sweep)
+            ):
+                page = dependencies.pending_page(
+                    self.database, after=self._sweep_after, limit=limit
+                )
+                # The next look goes on from here; a short page ends the sweep.
+                self._sweep_after = page[-1] if len(page) == limit else None
+                if self._sweep_after is None:
+                    self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+                children = sorted(set(children) | set(page))
+            return children
 
-        released, cancelled = retry_transient(self.database, run, what="resolve_dependencies")
+        children = retry_transient(self.database, run, what="pending jobs")
+        return self._resolve_all(children)
+
+    def release_dependants_of(self, parents: Sequence[Any]) -> tuple[int, int]:
+        """Resolve the pending dependants of ``parents`` alone (jobs whose outcomes were
+        just written); return (released, cancelled). One indexed look when none waits."""
+        from stalwart.db import dependencies
+
+        children = retry_transient(
+            self.database,
+            lambda: dependencies.pending_children(self.database, parents),
+            what="pending dependants",
+        )
+        return self._resolve_all(children)
+
+    def _resolve_all(self, children: Sequence[Any]) -> tuple[int, int]:
+        """Resolve ``children`` (pending jobs), a chunk per transaction; wake the workers of
+        the queues that got ready jobs. Returns (released, cancelled)."""
+        from stalwart.db import dependencies
+        from stalwart.ticks import database_now
+
+        released = cancelled = 0
+        for start in range(0, len(children), RESOLVE_CHUNK):
+            chunk = children[start : start + RESOLVE_CHUNK]
+
+            def run(chunk: Sequence[Any] = chunk) -> tuple[int, int, list[str]]:
+                return dependencies.resolve(self.database, chunk, now=database_now(self.database))
+
+            more, fewer, queues = retry_transient(self.database, run, what="resolve")
+            released += more
+            cancelled += fewer
+            if queues and self.notify:
+                with self.connection.cursor() as cursor:
+                    self.statements.notify(cursor, queues)
         if released:
             events.emit("dependants_released", count=released)
         if cancelled:
@@ -541,10 +608,12 @@ class JobStore:
         from stalwart.models import Batch, Job
 
         def look() -> list[str]:
-            with self.connection.cursor() as cursor:
-                found = set(self.statements.waiting_queues(cursor))
+            # Pending jobs first: one released between the two reads is then ready (or
+            # scheduled) by the second, never missed by both.
             pending = Job.objects.using(self.database).filter(status="pending")
-            found.update(pending.values_list("queue_name", flat=True).distinct())
+            found = set(pending.values_list("queue_name", flat=True).distinct())
+            with self.connection.cursor() as cursor:
+                found.update(self.statements.waiting_queues(cursor))
             # A closed batch's callbacks are jobs to come, in their queues.
             for callbacks in (
                 Batch.objects.using(self.database)

@@ -42,6 +42,8 @@ _LEVELS = {
     "jobs_promoted": logging.DEBUG,
     "dependants_released": logging.DEBUG,
     "dependants_cancelled": logging.INFO,
+    "dependants_not_released": logging.WARNING,
+    "dependants_revived": logging.INFO,
     "batch_finishing": logging.DEBUG,
     "batch_finished": logging.INFO,
     "recurring_enqueued": logging.INFO,

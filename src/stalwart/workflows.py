@@ -24,6 +24,7 @@ there). If a parent fails for good, is cancelled, or is deleted, the dependant i
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -88,38 +89,46 @@ type Parents = Iterable[TaskResult[Any, Any] | After | str] | TaskResult[Any, An
 def _parents(task: Task[..., Any], after: Parents) -> list[tuple[str, str]]:
     """``after`` as (job id, on_failure) pairs, checked: no job twice, none of another
     backend, at least one."""
-    items: Iterable[Any] = [after] if isinstance(after, (TaskResult, After, str)) else after
     pairs: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for item in items:
-        parent = item if isinstance(item, After) else After(item)
+    seen: set[uuid.UUID] = set()
+    for parent in _as_afters(after):
         if parent.backend is not None and parent.backend != task.backend:
             raise InvalidDependency(
                 f"{task.module_path} (backend {task.backend!r}) cannot run after job "
                 f"{parent.job_id} of backend {parent.backend!r}: a job runs after jobs of "
                 "its own backend only."
             )
-        if parent.job_id in seen:
-            raise InvalidDependency(f"Job {parent.job_id} is listed twice in after=.")
-        seen.add(parent.job_id)
-        pairs.append((parent.job_id, parent.on_failure))
+        try:
+            job_id = uuid.UUID(parent.job_id)
+        except ValueError:
+            raise InvalidDependency(f"{parent.job_id!r} is not a job id.") from None
+        if job_id in seen:
+            raise InvalidDependency(f"Job {job_id} is listed twice in after=.")
+        seen.add(job_id)
+        pairs.append((str(job_id), parent.on_failure))
     if not pairs:
         raise InvalidDependency(
             f"enqueue_after() for {task.module_path} got no job to run after: call "
             "task.enqueue() for a job that waits for nothing."
         )
-    for job_id, _ in pairs:
-        try:
-            _valid_uuid(job_id)
-        except ValueError:
-            raise InvalidDependency(f"{job_id!r} is not a job id.") from None
     return pairs
 
 
-def _valid_uuid(value: str) -> None:
-    import uuid
-
-    uuid.UUID(value)
+def _as_afters(after: Any, on_failure: str = "cancel") -> list[After]:
+    """``after`` as a list of ``After``: one result, id or ``After``, or an iterable of
+    them; anything else is an ``InvalidDependency``."""
+    if isinstance(after, (TaskResult, After, str)):
+        after = [after]
+    try:
+        items = list(after)
+    except TypeError:
+        raise InvalidDependency(
+            f"after={after!r}: give the jobs to run after as a list of TaskResults, job ids "
+            "or After(...)."
+        ) from None
+    return [
+        item if isinstance(item, After) else After(item, on_failure=on_failure) for item in items
+    ]
 
 
 def enqueue_after[**P, R](
@@ -195,18 +204,14 @@ def chain(
         )
     first = calls[0][0]
     database = _backend(first, "chain").config.database
-    before = list(after)
+    before: list[Any] = _as_afters(after, on_failure) if after else []
     results: list[TaskResult[Any, Any]] = []
     with transaction.atomic(using=database):
         for task, args, kwargs in calls:
             if before:
-                parents = [
-                    item if isinstance(item, After) else After(item, on_failure=on_failure)
-                    for item in before
-                ]
-                result = enqueue_after(parents, task, *args, **kwargs)
+                result = enqueue_after(before, task, *args, **kwargs)
             else:
                 result = task.enqueue(*args, **kwargs)
             results.append(result)
-            before = [result]
+            before = [After(result, on_failure=on_failure)]
     return results

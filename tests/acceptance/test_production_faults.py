@@ -46,17 +46,20 @@ def lines_per_pid(output: str, action: str) -> Counter:
     return Counter(re.findall(rf" (\d+) \w+ stalwart action={action}\b", output))
 
 
-def first_times(*conditions, timeout: float = 30.0) -> list[float]:
-    """Poll the conditions together; return when each first held (monotonic seconds)."""
-    seen: list[float | None] = [None] * len(conditions)
+def assert_gone_before_retaken(pid: int, job_id: str, *, timeout: float) -> None:
+    """Wait for the job to be taken again (its attempt 2), and check that its worker
+    ``pid`` was gone by then. Read in the order the events must happen: the job retaken,
+    then (just after that read) whether its worker is gone. Polled apart, two conditions
+    seen in one round would be stamped in the order of the polls, not of the events."""
     deadline = time.monotonic() + timeout
-    while None in seen and time.monotonic() < deadline:
-        for index, condition in enumerate(conditions):
-            if seen[index] is None and condition():
-                seen[index] = time.monotonic()
-        time.sleep(0.005)  # polling conditions
-    assert None not in seen, f"not every condition held within {timeout} s: {seen}"
-    return seen
+    while True:
+        retaken = Job.objects.get(pk=job_id).attempt >= 2
+        died = gone(pid)
+        if retaken:
+            assert died, "the job was taken while its worker was still alive"
+            return
+        assert time.monotonic() < deadline, f"the job was not taken again within {timeout} s"
+        time.sleep(0.005)  # polling the two conditions
 
 
 @pytest.fixture
@@ -139,12 +142,7 @@ def test_a_worker_whose_heartbeat_answers_late_is_gone_before_its_job_is_taken(
     wait_for(lambda: running(result.id), message="the job to start")
     slow = owner_pid(result.id)
     flag.write_text(str(slow))
-    died, retaken = first_times(
-        lambda: gone(slow),
-        lambda: Job.objects.get(pk=result.id).attempt >= 2,
-        timeout=6 * ALIVE,
-    )
-    assert died < retaken, f"job taken {died - retaken:.3f} s before its worker had ended"
+    assert_gone_before_retaken(slow, result.id, timeout=6 * ALIVE)
     stop(supervisor, timeout=6 * ALIVE)
 
 
@@ -328,12 +326,7 @@ def test_a_task_holding_the_gil_ends_its_process_before_its_job_is_taken(reaped)
     Job.objects.filter(pk=result.id).update(max_attempts=2)
     wait_for(lambda: running(result.id), message="the job to start")
     holder = owner_pid(result.id)
-    died, retaken = first_times(
-        lambda: gone(holder),
-        lambda: Job.objects.get(pk=result.id).attempt >= 2,
-        timeout=6 * ALIVE,
-    )
-    assert died < retaken, f"job taken {died - retaken:.3f} s before its worker had ended"
+    assert_gone_before_retaken(holder, result.id, timeout=6 * ALIVE)
     wait_for(
         lambda: Job.objects.get(pk=result.id).status == "failed",
         timeout=6 * ALIVE,

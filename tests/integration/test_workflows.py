@@ -126,7 +126,7 @@ def test_a_parent_deleted_before_its_dependant_was_released_is_resolved_not_stra
     tolerant = enqueue_after([After(tolerant_parent, on_failure="run")], tasks.noop)
     Job.objects.filter(pk__in=[doomed_parent.id, tolerant_parent.id]).delete()  # retention
     assert resolve() == (1, 1)
-    assert job(tolerant).status == "scheduled"
+    assert job(tolerant).status == "ready"
     row = job(doomed)
     assert row.status == "cancelled"
     assert "no longer exists" in row.errors[0]["traceback"]
@@ -143,7 +143,7 @@ def test_two_dispatchers_resolving_at_once_release_and_cancel_each_dependant_onc
     more = [resolve() for _ in range(6)]
     assert sum(r for r, _ in outcomes + more) == 60
     assert sum(c for _, c in outcomes + more) == 60
-    assert {job(r).status for r in released} == {"scheduled"}
+    assert {job(r).status for r in released} == {"ready"}
     assert {job(d).status for d in doomed} == {"cancelled"}
     assert all(len(job(d).errors) == 1 for d in doomed)
 

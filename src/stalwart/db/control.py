@@ -22,6 +22,18 @@ from stalwart.models.job import CANCELLABLE_STATES
 _CANCELLABLE = ", ".join(f"'{state}'" for state in CANCELLABLE_STATES)
 
 
+# A finished job that a pending job still runs after is kept, whatever its age: deleted,
+# it could no longer say whether it succeeded (db/dependencies.py).
+def kept_for_dependants(job: str) -> str:
+    """The condition that keeps the job row ``job`` if a pending job runs after it."""
+    return f"""
+    AND NOT EXISTS (
+        SELECT 1 FROM stalwart_dependency AS kept_for
+        JOIN stalwart_job AS dependant ON dependant.id = kept_for.child
+        WHERE kept_for.parent = {job}.id AND dependant.status = 'pending'
+    )"""
+
+
 class Control(Dialect):
     """Choose jobs (``selection_sql``), then move, cancel, delete or count them."""
 
@@ -215,7 +227,7 @@ class Control(Dialect):
             f"""
             WITH chosen AS MATERIALIZED (
                 SELECT id FROM stalwart_job
-                WHERE {chosen} {conditions}
+                WHERE {chosen} {conditions} {kept_for_dependants("stalwart_job")}
                 ORDER BY id LIMIT %s {self.row_lock}
             )
             DELETE FROM stalwart_job WHERE {chosen} AND id IN (SELECT id FROM chosen)
@@ -223,7 +235,19 @@ class Control(Dialect):
             """,
             [*chosen_params, *params, limit, *chosen_params],
         )
-        return len(cursor.fetchall())  # (SQLite reports no row count after a WITH)
+        deleted = [row[0] for row in cursor.fetchall()]
+        self._forget_links(cursor, deleted)
+        return len(deleted)  # (SQLite reports no row count after a WITH)
+
+    @staticmethod
+    def _forget_links(cursor: Any, deleted: Sequence[Any]) -> None:
+        """Delete what linked the deleted jobs to others: the edges of the jobs that ran
+        after others, and their batch memberships (a batch counts them as ``deleted``)."""
+        if not deleted:
+            return
+        marks = ", ".join(["%s"] * len(deleted))
+        cursor.execute(f"DELETE FROM stalwart_dependency WHERE child IN ({marks})", deleted)
+        cursor.execute(f"DELETE FROM stalwart_batch_job WHERE job IN ({marks})", deleted)
 
     def count_selected(
         self,
@@ -381,11 +405,18 @@ class MySQLControl(Control):
     ) -> int:
         chosen, chosen_params = self._status_and_age(statuses, older_than)
         with self._atomic():
-            ids = self._chosen(cursor, f"{chosen} {conditions}", [*chosen_params, *params], limit)
+            ids = self._chosen(
+                cursor,
+                f"{chosen} {conditions} {kept_for_dependants('candidate')}",
+                [*chosen_params, *params],
+                limit,
+            )
             if not ids:
                 return 0
             cursor.execute(
                 f"DELETE FROM stalwart_job WHERE {chosen} AND id IN ({marks(ids)})",
                 [*chosen_params, *ids],
             )
-            return cursor.rowcount
+            count = cursor.rowcount
+            self._forget_links(cursor, ids)
+            return count

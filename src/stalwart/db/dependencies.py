@@ -1,25 +1,37 @@
 """Dependencies between jobs: the statements that write them and resolve them.
 
 A job enqueued to run after others is inserted ``pending``, with one ``stalwart_dependency``
-row per parent, in the enqueue's transaction. Nothing is written when a parent finishes:
-the dispatcher (or a standalone worker, where it promotes due jobs) looks at pending jobs
-and reads their parents' states, so a crash between a parent's end and its dependant's
-release leaves nothing to repair. Each look, set-based:
+row per parent, in the enqueue's transaction. Nothing is written when a parent finishes;
+whoever resolves reads the parents' states:
 
-- a pending job with a ``cancel`` dependency whose parent failed for good, was cancelled, or
-  is gone (deleted by retention) is cancelled, the reason in its errors; its own dependants
-  follow in the same look (a few rounds) or the next;
+- a pending job with a ``cancel`` dependency whose parent failed for good, was cancelled,
+  or is gone is cancelled, the reason in its errors; its own dependants follow;
 - a pending job whose every dependency holds (the parent succeeded; or, for a ``run``
-  dependency, the parent finished whatever its outcome, or is gone) becomes ``scheduled``,
-  due at once or at its ``run_after``: the promotion that follows makes it ready (or
-  blocked on its concurrency key), as any due job.
+  dependency, the parent finished whatever its outcome, or is gone) becomes ``ready``, or
+  ``scheduled`` if it waits for its ``run_after`` or has a concurrency key (the promotion
+  hands out the slots), and the workers of its queue are woken.
 
-Every write is guarded by ``status = 'pending'``, so two dispatchers resolving at once
-release or cancel each job once; a parent's success is final, so a release decided on it
-cannot be wrong by the time it is written. The SQL is the same on the three databases.
+Who resolves, and which jobs (``resolve``, each call one transaction):
+
+- a worker, right after it wrote outcomes: the pending dependants of those jobs
+  (``pending_children``), so that a chain's next link starts at once;
+- the dispatcher's look (and a standalone worker's): the pending dependants of the jobs
+  that finished since its last look (``recent_children``, read through the finished jobs'
+  index), which covers parents that a worker did not finish (cancelled, failed by a death)
+  and a worker that died between its outcomes and this step;
+- now and then, a sweep of every pending job (``stuck_children``), for what neither saw.
+
+A decision is taken with the parents that could still change locked: a ``failed`` parent
+can be retried by hand (``queue retry``), which would make a decision on its failure wrong;
+``successful`` and ``cancelled`` are final. Every write is guarded by ``status =
+'pending'``, so resolvers running at once release or cancel each job once. Retention keeps
+a finished job while a pending job runs after it (``db.control.kept_for_dependants``). A
+parent retried by hand brings back the dependants its failure had cancelled (``revive``).
+The SQL is the same on the three databases.
 """
 
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -29,30 +41,27 @@ from django.db.models import Case, F, Value, When
 
 from stalwart.models import Dependency, Job
 
-# Rounds of cancellation per look: a cancelled job's dependants are cancelled in the next
-# round, so a chain of this many links fails through in one look (longer ones in the next).
-CANCEL_ROUNDS = 8
+PARENT_FAILED = "stalwart.exceptions.ParentFailed"
 
 # The parent's state, or 'gone' for a parent no longer in the table.
 _PARENT_STATE = "COALESCE(parent.status, 'gone')"
 
-# Dependencies that can no longer hold: the child is cancelled.
+# Of the given pending jobs, the dependencies that can no longer hold.
 _BROKEN = f"""
 SELECT child.id, dependency.parent, {_PARENT_STATE}
 FROM stalwart_job child
 JOIN stalwart_dependency dependency ON dependency.child = child.id
 LEFT JOIN stalwart_job parent ON parent.id = dependency.parent
-WHERE child.status = 'pending' AND dependency.on_failure = 'cancel'
+WHERE child.id IN ({{among}}) AND child.status = 'pending'
+  AND dependency.on_failure = 'cancel'
   AND {_PARENT_STATE} IN ('failed', 'cancelled', 'gone')
-ORDER BY child.id
-LIMIT %s
 """
 
-# Pending jobs none of whose dependencies is still open.
+# Of the given pending jobs, those none of whose dependencies is still open.
 _RELEASABLE = f"""
 SELECT child.id
 FROM stalwart_job child
-WHERE child.status = 'pending' AND NOT EXISTS (
+WHERE child.id IN ({{among}}) AND child.status = 'pending' AND NOT EXISTS (
     SELECT 1
     FROM stalwart_dependency dependency
     LEFT JOIN stalwart_job parent ON parent.id = dependency.parent
@@ -62,14 +71,49 @@ WHERE child.status = 'pending' AND NOT EXISTS (
             AND {_PARENT_STATE} IN ('failed', 'cancelled', 'gone'))
     )
 )
-ORDER BY child.id
+"""
+
+# The pending dependants of given parents (a worker's step after it wrote their outcomes).
+_PENDING_CHILDREN = """
+SELECT DISTINCT dependency.child
+FROM stalwart_dependency dependency
+JOIN stalwart_job child ON child.id = dependency.child
+WHERE dependency.parent IN ({parents}) AND child.status = 'pending'
+"""
+
+# The pending dependants of the jobs that finished since a time: read from the finished
+# jobs' index (status, finished_at), then each one's dependants (the parent index).
+_RECENT_CHILDREN = """
+SELECT DISTINCT dependency.child
+FROM stalwart_job parent
+JOIN stalwart_dependency dependency ON dependency.parent = parent.id
+JOIN stalwart_job child ON child.id = dependency.child
+WHERE parent.status IN ('successful', 'failed', 'cancelled') AND parent.finished_at >= %s
+  AND child.status = 'pending'
+LIMIT %s
+"""
+
+# Pending jobs from an id on (the sweep goes through all of them, a page per look).
+_PENDING_PAGE = """
+SELECT id FROM stalwart_job WHERE status = 'pending' AND id > %s ORDER BY id LIMIT %s
+"""
+
+# Dependants cancelled by a parent's failure, with a parent retried since (whether that
+# parent is the one that cancelled it, its errors say).
+_REVIVABLE = """
+SELECT child.id, child.errors, parent.id
+FROM stalwart_job child
+JOIN stalwart_dependency dependency ON dependency.child = child.id
+JOIN stalwart_job parent ON parent.id = dependency.parent
+WHERE child.status = 'cancelled' AND child.attempt = 0 AND dependency.on_failure = 'cancel'
+  AND parent.status IN ('pending', 'scheduled', 'blocked', 'ready', 'running')
 LIMIT %s
 """
 
 _GONE_WORDS = {
     "failed": "failed for good",
     "cancelled": "was cancelled",
-    "gone": "no longer exists (deleted by retention?)",
+    "gone": "no longer exists (deleted)",
 }
 
 
@@ -82,53 +126,150 @@ def _job_id(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
-def cancel_broken(database: str, *, now: datetime, limit: int) -> int:
-    """Cancel pending jobs that a parent's end has doomed; return how many."""
-    cancelled = 0
-    for _ in range(CANCEL_ROUNDS):
-        with transaction.atomic(using=database), connections[database].cursor() as cursor:
-            cursor.execute(_BROKEN, [limit])
-            doomed: dict[uuid.UUID, tuple[uuid.UUID, str]] = {}
-            for child, parent, state in cursor.fetchall():
-                doomed.setdefault(_job_id(child), (_job_id(parent), state))
-            for child, (parent, state) in doomed.items():
-                error = {
-                    "exception_class_path": "stalwart.exceptions.ParentFailed",
-                    "traceback": (
-                        f"Job {child} runs after job {parent}, which {_GONE_WORDS[state]}; "
-                        "it was cancelled before it ran (that dependency's on_failure is "
-                        "'cancel')."
-                    ),
-                    "at": now.isoformat(),
-                    "attempt": 0,
-                    "process": "",
-                }
-                cancelled += (
-                    Job.objects.using(database)
-                    .filter(pk=child, status="pending")
-                    .update(status="cancelled", finished_at=now, errors=[error])
-                )
-        if not doomed:
-            break
-    return cancelled
+def _id_params(database: str, ids: Sequence[uuid.UUID]) -> list:
+    field: Any = Job._meta.pk
+    connection = connections[database]
+    return [field.get_db_prep_value(job_id, connection) for job_id in ids]
 
 
-def release_ready(database: str, *, now: datetime, limit: int) -> int:
-    """Make pending jobs whose parents are done scheduled (due now, or at their
-    ``run_after``); return how many."""
+def _marks(ids: Sequence[Any]) -> str:
+    return ", ".join(["%s"] * len(ids))
+
+
+def _ids(cursor: Any) -> list[uuid.UUID]:
+    return [_job_id(row[0]) for row in cursor.fetchall()]
+
+
+def resolve(
+    database: str, among: Sequence[uuid.UUID], *, now: datetime
+) -> tuple[int, int, list[str]]:
+    """Release or cancel the pending jobs ``among``, as their parents' states say, in one
+    transaction; return (released, cancelled, the queues of the jobs made ready)."""
+    if not among:
+        return 0, 0, []
+    params = _id_params(database, among)
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
-        cursor.execute(_RELEASABLE, [limit])
-        ids = [_job_id(row[0]) for row in cursor.fetchall()]
-        if not ids:
-            return 0
-        return (
-            Job.objects.using(database)
-            .filter(pk__in=ids, status="pending")
-            .update(
-                status="scheduled",
-                available_at=Case(When(run_after__gt=now, then=F("run_after")), default=Value(now)),
-            )
+        # The failed parents, locked until the end (a retry by hand waits): the decisions
+        # below stand when written. In id order, as every lock of job rows is taken.
+        cursor.execute(
+            f"SELECT DISTINCT parent FROM stalwart_dependency WHERE child IN ({_marks(params)})",
+            params,
         )
+        parents = _ids(cursor)
+        list(
+            Job.objects.using(database)
+            .select_for_update()
+            .filter(pk__in=parents, status="failed")
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        cursor.execute(_BROKEN.format(among=_marks(params)), params)
+        doomed: dict[tuple[uuid.UUID, str], list[uuid.UUID]] = defaultdict(list)
+        seen: set[uuid.UUID] = set()
+        for child, parent, state in cursor.fetchall():
+            child_id = _job_id(child)
+            if child_id not in seen:
+                seen.add(child_id)
+                doomed[(_job_id(parent), state)].append(child_id)
+        cancelled = 0
+        for (parent, state), children in doomed.items():
+            error = {
+                "exception_class_path": PARENT_FAILED,
+                "traceback": (
+                    f"This job runs after job {parent}, which {_GONE_WORDS[state]}; it was "
+                    "cancelled before it ran (that dependency's on_failure is 'cancel')."
+                ),
+                "at": now.isoformat(),
+                "attempt": 0,
+                "process": "",
+                "parent": str(parent),
+            }
+            cancelled += (
+                Job.objects.using(database)
+                .filter(pk__in=children, status="pending")
+                .update(status="cancelled", finished_at=now, errors=[error])
+            )
+        cursor.execute(_RELEASABLE.format(among=_marks(params)), params)
+        ids = _ids(cursor)
+        if not ids:
+            return 0, cancelled, []
+        jobs = Job.objects.using(database)
+        released = jobs.filter(pk__in=ids, status="pending").update(
+            status=Case(
+                When(run_after__gt=now, then=Value("scheduled")),
+                When(concurrency_key__isnull=False, then=Value("scheduled")),
+                default=Value("ready"),
+            ),
+            available_at=Case(When(run_after__gt=now, then=F("run_after")), default=Value(now)),
+        )
+        ready = jobs.filter(pk__in=ids, status="ready").values_list("queue_name", flat=True)
+        return released, cancelled, sorted(set(ready))
+
+
+def pending_children(database: str, parents: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """The pending jobs that run after any of ``parents``."""
+    if not parents:
+        return []
+    params = _id_params(database, parents)
+    with connections[database].cursor() as cursor:
+        cursor.execute(_PENDING_CHILDREN.format(parents=_marks(params)), params)
+        return _ids(cursor)
+
+
+def recent_children(database: str, *, since: datetime, limit: int) -> list[uuid.UUID]:
+    """The pending jobs that run after a job finished at ``since`` or later."""
+    with connections[database].cursor() as cursor:
+        cursor.execute(_RECENT_CHILDREN, [_datetime_param(database, since), limit])
+        return _ids(cursor)
+
+
+def _datetime_param(database: str, moment: datetime) -> Any:
+    connection = connections[database]
+    return connection.ops.adapt_datetimefield_value(moment)
+
+
+def pending_page(database: str, *, after: uuid.UUID | None, limit: int) -> list[uuid.UUID]:
+    """Up to ``limit`` pending jobs with an id past ``after``, in id order (the sweep)."""
+    start = after or uuid.UUID(int=0)
+    with connections[database].cursor() as cursor:
+        cursor.execute(_PENDING_PAGE, [*_id_params(database, [start]), limit])
+        return _ids(cursor)
+
+
+def revive(database: str, *, limit: int = 1000) -> int:
+    """Make pending again the dependants that a parent's failure cancelled, where that
+    parent has been retried by hand since (and, round by round, their own dependants);
+    return how many."""
+    revived = 0
+    for _ in range(100):  # a chain of a hundred links comes back in one call
+        with transaction.atomic(using=database), connections[database].cursor() as cursor:
+            cursor.execute(_REVIVABLE, [limit])
+            ids = list(
+                {
+                    _job_id(child)
+                    for child, errors, parent in cursor.fetchall()
+                    if _cancelled_by(errors) == _job_id(parent)
+                }
+            )
+            if not ids:
+                break
+            revived += (
+                Job.objects.using(database)
+                .filter(pk__in=ids, status="cancelled", attempt=0)
+                .update(status="pending", finished_at=None, errors=[])
+            )
+    return revived
+
+
+def _cancelled_by(errors: Any) -> uuid.UUID | None:
+    """The parent whose end cancelled a job, as its errors record it (None: not so)."""
+    import json
+
+    entries = json.loads(errors) if isinstance(errors, str) else errors
+    if not entries or entries[-1].get("exception_class_path") != PARENT_FAILED:
+        return None
+    parent = entries[-1].get("parent")
+    return _job_id(parent) if parent else None
 
 
 def any_pending(database: str) -> bool:
