@@ -504,3 +504,40 @@ def graph(database: str, job_id: Any) -> tuple[list[dict], list[dict]]:
         ]
 
     return described(parents_of(database, job_id)), described(children_of(database, job_id))
+
+
+def batch_summaries(
+    database: str, backend: str, *, limit: int, unfinished: bool = False
+) -> list[dict[str, Any]]:
+    """The newest batches of ``backend``, each with its state (open, closed, finished) and
+    its members by state (one read of its members each): ``queue batches`` and the
+    dashboard's list."""
+    from stalwart.batches import Batch as BatchHandle
+    from stalwart.models import Batch
+
+    rows = Batch.objects.using(database).filter(backend=backend)
+    if unfinished:
+        rows = rows.filter(finished_at__isnull=True)
+    found = []
+    for row in rows.order_by("-id")[:limit]:
+        progress = BatchHandle(row.id, backend=backend).progress()
+        if row.finished_at is not None:
+            state = "finished"
+        else:
+            state = "open" if row.closed_at is None else "closed"
+        found.append(
+            {
+                "id": str(row.id),
+                "label": row.label,
+                "state": state,
+                "created_at": row.created_at,
+                "total": progress.total,
+                "waiting": progress.waiting,
+                "running": progress.running,
+                "succeeded": progress.succeeded,
+                "failed": progress.failed,
+                "cancelled": progress.cancelled,
+                "callbacks": sorted(row.callbacks),
+            }
+        )
+    return found

@@ -318,3 +318,25 @@ def test_pending_jobs_have_their_tab_and_a_job_shows_what_it_runs_after(viewer):
     parent_page = text(viewer.get(ADMIN + f"/job/{parent.id}/"))
     assert re.search(rf'id="dependants"><a href="[^"]*/job/{child.id}/">', parent_page)
     assert "(pending)" in parent_page
+
+
+def test_batches_show_their_state_and_members_by_state_newest_first(viewer):
+    with stalwart.batch(on_finish=tasks.noop, label="finished one") as done:
+        done.enqueue(tasks.add, 1, 1)
+        failing = done.enqueue(tasks.fail, "no")
+    Job.objects.filter(pk=failing.id).update(max_attempts=1)
+    drain()
+    still_open = stalwart.batch(label="still open")
+    still_open.enqueue(tasks.noop)
+    page = text(viewer.get(ADMIN + "/batches/"))
+    rows = re.findall(r'<tr data-batch="([0-9a-f-]+)"', page)
+    assert rows == [still_open.id, done.id]
+    finished = page[page.index(f'data-batch="{done.id}"') :].split("</tr>")[0]
+    assert "finished one" in finished
+    assert '<span class="badge bad">finished</span>' in finished
+    cells = re.findall(r'<td class="number">([^<]*)', finished)
+    assert cells == ["2", "0", "0", "1", "1", "0"]  # jobs, waiting, running, ok, failed, ...
+    assert "on_finish" in finished
+    unfinished = text(viewer.get(ADMIN + "/batches/?unfinished=1"))
+    assert re.findall(r'<tr data-batch="([0-9a-f-]+)"', unfinished) == [still_open.id]
+    assert ">Batches</a>" in page

@@ -20,43 +20,23 @@ def _batches_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
 
-def _state(row: Any) -> str:
-    if row.finished_at is not None:
-        return "finished"
-    return "open" if row.closed_at is None else "closed"
-
-
 @subcommand(
     "batches",
     "List batches, newest first: open, closed or finished, with their members by state.",
     _batches_arguments,
 )
 def batches(command: Any, options: dict[str, Any]) -> int:
-    from stalwart.batches import Batch
-    from stalwart.models import Batch as BatchRow
+    from stalwart.browsing import batch_summaries
 
     backend = get_backend(options["backend"])
-    rows = BatchRow.objects.using(backend.config.database).filter(backend=backend.alias)
-    if options.get("unfinished"):
-        rows = rows.filter(finished_at__isnull=True)
-    listed: list[dict[str, Any]] = []
-    for row in rows.order_by("-id")[: options["limit"]]:
-        progress = Batch(row.id, backend=backend.alias).progress()
-        listed.append(
-            {
-                "id": str(row.id),
-                "label": row.label,
-                "state": _state(row),
-                "created_at": row.created_at.isoformat(),
-                "total": progress.total,
-                "waiting": progress.waiting,
-                "running": progress.running,
-                "succeeded": progress.succeeded,
-                "failed": progress.failed,
-                "cancelled": progress.cancelled,
-                "callbacks": sorted(row.callbacks),
-            }
-        )
+    listed = batch_summaries(
+        backend.config.database,
+        backend.alias,
+        limit=options["limit"],
+        unfinished=bool(options.get("unfinished")),
+    )
+    for item in listed:
+        item["created_at"] = item["created_at"].isoformat()
     if options.get("json"):
         command.stdout.write(json.dumps({"batches": listed}, indent=2))
         return 0

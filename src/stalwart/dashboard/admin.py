@@ -64,6 +64,7 @@ class DashboardAdmin(admin.ModelAdmin):
             ),
             path("<str:backend>/processes/", view(pages.processes), name="stalwart_processes"),
             path("<str:backend>/recurring/", view(pages.recurring), name="stalwart_recurring"),
+            path("<str:backend>/batches/", view(pages.batches), name="stalwart_batches"),
             path(
                 "<str:backend>/recurring/<str:key>/enqueue/",
                 view(actions.enqueue_recurring),

@@ -49,6 +49,8 @@ LABELS = {
 }
 # The states whose jobs wait on their queue: a paused queue's are marked so.
 WAITING = ("ready", "scheduled", "blocked", "pending")
+# The batches a page lists, newest first.
+BATCHES_SHOWN = 50
 # Seconds between two refreshes of a page that refreshes itself (overview, lists).
 REFRESH_SECONDS = 5
 # Django 6.1's admin draws breadcrumbs as a list (<ol>), 6.0's as a <div>: as theirs, ours.
@@ -286,3 +288,22 @@ def recurring(request: Any, site: Any, backend: str) -> HttpResponse:
         )
     context.update(entries=entries, now=now)
     return TemplateResponse(request, "stalwart/dashboard/recurring.html", context)
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+
+def batches(request: Any, site: Any, backend: str) -> HttpResponse:
+    config = stalwart_backend(backend).config
+    context = frame(request, site, backend, "Batches", "batches")
+    if (refused := _guard(request, context)) is not None:
+        return refused
+    unfinished = request.GET.get("unfinished") == "1"
+    context.update(
+        batches=browsing.batch_summaries(
+            config.database, backend, limit=BATCHES_SHOWN, unfinished=unfinished
+        ),
+        unfinished=unfinished,
+        now=database_now(config.database),
+    )
+    return TemplateResponse(request, "stalwart/dashboard/batches.html", context)
