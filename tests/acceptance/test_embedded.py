@@ -126,9 +126,14 @@ def test_gunicorn_runs_one_supervisor_from_its_master_and_stops_it_on_term(reape
     server = gunicorn(port)
     reaped.append(server)
     supervisor = embedded_supervisor(server)
-    web_workers = [p for p in psutil.Process(server.pid).children() if p.pid != supervisor.pid]
-    assert len(web_workers) == 2
-    assert not any(worker.children() for worker in web_workers), "no supervisor per worker"
+
+    def web_workers() -> list[psutil.Process]:
+        return [p for p in psutil.Process(server.pid).children() if p.pid != supervisor.pid]
+
+    # Gunicorn forks its two workers one after the other: on a loaded machine the second
+    # may come after the supervisor has registered.
+    wait_for(lambda: len(web_workers()) == 2, timeout=30, message="Gunicorn's two workers")
+    assert not any(worker.children() for worker in web_workers()), "no supervisor per worker"
     assert Process.objects.filter(kind="supervisor").count() == 1
     serve_jobs_then_stop(server, port)
     assert "Stalwart: supervisor of TASKS['default'] started" in server.output
