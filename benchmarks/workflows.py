@@ -22,6 +22,7 @@ import itertools
 import statistics
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -169,6 +170,7 @@ def bench_fan_in(parents: int) -> None:
 
 def drain_beside_pending(count: int, pending: int) -> float:
     from django.db import transaction
+    from django.utils import timezone
 
     import stalwart
     from benchmarks.tasks import noop
@@ -177,9 +179,10 @@ def drain_beside_pending(count: int, pending: int) -> float:
 
     with transaction.atomic():
         if pending:
-            # Parents in a queue nobody serves: their dependants stay pending throughout.
+            # Parents due tomorrow: their dependants stay pending throughout.
+            tomorrow = timezone.now() + timedelta(days=1)
             parents = stalwart.enqueue_many(
-                noop.using(queue_name="held"), [Call() for _ in range(pending // 50)]
+                noop.using(run_after=tomorrow), [Call() for _ in range(pending // 50)]
             )
             for parent in parents:
                 for _ in range(50):

@@ -299,6 +299,10 @@ class StalwartBackend(BaseTaskBackend):
                     "deleted by retention). Nothing was enqueued."
                 )
             result = self._enqueue(task, [(args, kwargs)], bulk=False, pending=True)[0]
+            # The parents' workers release it as soon as they finish (Job.has_dependants):
+            # marked in this transaction, so that a parent claimed once it commits is known
+            # to have it (a worker finishing a parent meanwhile waits for the commit).
+            self._mark_parents(parent_ids)
             child = uuid.UUID(result.id)
             insert_dependencies(
                 database,
@@ -313,6 +317,21 @@ class StalwartBackend(BaseTaskBackend):
             # so that it looks at pending jobs every polling_interval from now on.
             self.store.notify_scheduled(due_in=0)
         return result
+
+    def _mark_parents(self, parent_ids: list[uuid.UUID]) -> None:
+        """Set ``has_dependants`` on the parents that lack it, locking them in id order
+        (as every lock of job rows is taken: no deadlock with a claim or a cancel)."""
+        from stalwart.models import Job
+
+        jobs = Job.objects.using(self.config.database)
+        unmarked = list(
+            jobs.select_for_update()
+            .filter(pk__in=parent_ids, has_dependants=False)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        if unmarked:
+            jobs.filter(pk__in=unmarked).update(has_dependants=True)
 
     def enqueue_with_id[**P, R](
         self,

@@ -39,11 +39,14 @@ from stalwart.calls import call_signature, check_call, check_importable
 from stalwart.exceptions import InvalidBatch, NotAStalwartBackend
 from stalwart.ids import uuid7
 from stalwart.serialization import normalize_arguments
+from stalwart.task import StalwartTask
 
 if TYPE_CHECKING:
     from stalwart.backend import StalwartBackend
 
 WAITING_STATES = ("pending", "scheduled", "blocked", "ready")
+# Members cancelled per call of stalwart.cancel (SQLite takes at most 32,766 parameters).
+CANCEL_CHUNK = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,17 @@ def _backend(alias: str) -> StalwartBackend:
     return backend
 
 
+def _refuse_unique(task: Task[..., Any], where: str = "") -> None:
+    """A unique task's enqueue may answer with a twin (of another batch, or of none): not a
+    job of this batch. Refused, as a clear error, until batches say what a twin means."""
+    if isinstance(task, StalwartTask) and task.unique:
+        raise InvalidBatch(
+            f"{where}task {task.module_path} is unique, and a unique task cannot be in a "
+            "batch yet (its enqueue may answer with a twin that is not the batch's). "
+            "Nothing was stored."
+        )
+
+
 def _callback_spec(name: str, value: Any, backend: str) -> dict[str, Any]:
     """A callback as stored: its task's path, queue, priority and normalized arguments."""
     if isinstance(value, Task):
@@ -90,6 +104,7 @@ def _callback_spec(name: str, value: Any, backend: str) -> dict[str, Any]:
             f"{name}: task {task.module_path} uses backend {task.backend!r}, and the batch "
             f"{backend!r}: a callback runs on its batch's backend."
         )
+    _refuse_unique(task, f"{name}: ")
     check_importable(task)
     signature = call_signature(task)
     if signature is not None:
@@ -151,6 +166,7 @@ class Batch:
                 f"Task {task.module_path} uses backend {task.backend!r}; batch {self.id} is "
                 f"of backend {self.backend!r}."
             )
+        _refuse_unique(task)
         backend = _backend(self.backend)
         listed = list(calls)
         with transaction.atomic(using=backend.config.database):
@@ -191,7 +207,10 @@ class Batch:
         database = self._database
         batch_id = uuid.UUID(self.id)
         ids = [str(job_id) for job_id in member_ids(database, batch_id)]
-        counts = cancel(*ids, backend=self.backend) if ids else Cancelled(0, 0)
+        counts = Cancelled(0, 0)
+        for start in range(0, len(ids), CANCEL_CHUNK):  # a statement's parameters are few
+            done = cancel(*ids[start : start + CANCEL_CHUNK], backend=self.backend)
+            counts = Cancelled(counts.cancelled + done.cancelled, counts.requested + done.requested)
         if close(database, batch_id, timezone.now()):
             _backend(self.backend).store.notify_scheduled(due_in=0)
         return counts

@@ -10,9 +10,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connections, transaction
+from django.db import Error as DatabaseFailure
 
 from stalwart import events
 from stalwart.db import ClaimedJob, Death, Interruption, NewJob, Outcome, Released, statements_for
@@ -27,6 +29,7 @@ from stalwart.queues import QueuePattern, QueueSelector
 RECENT_MARGIN = timedelta(seconds=5)
 SWEEP_INTERVAL = 60.0
 RESOLVE_CHUNK = 500
+RECENT_PAGES = 20  # pages of recent dependants per look (each of the look's limit)
 
 
 class JobStore:
@@ -40,6 +43,8 @@ class JobStore:
         self._resolved_until: Any = None
         self._sweep_after: Any = None
         self._next_sweep = 0.0
+        # Batches whose callbacks this process could not enqueue (and said so, once).
+        self._unfinishable: set[Any] = set()
 
     @property
     def connection(self) -> Any:
@@ -369,39 +374,55 @@ class JobStore:
 
     def resolve_dependencies(self, *, limit: int = 1000) -> tuple[int, int]:
         """The dispatcher's look at pending jobs (``stalwart.db.dependencies``): those that
-        run after a job finished since the last look, and a page of the sweep through every
-        pending job when one is due. Returns (released, cancelled)."""
+        run after a job finished since the last look (page after page, up to
+        ``RECENT_PAGES``), and a page of the sweep through every pending job when one is
+        due. Returns (released, cancelled)."""
         from stalwart.db import dependencies
         from stalwart.ticks import database_now
 
-        def run() -> list[Any]:
-            if not dependencies.any_pending(self.database):
-                self._sweep_after = None
-                return []
-            now = database_now(self.database)
-            since, self._resolved_until = self._resolved_until, now
-            children: list[Any] = []
-            if since is not None:
-                children = dependencies.recent_children(
-                    self.database, since=since - RECENT_MARGIN, limit=limit
-                )
-            if (
-                since is None
-                or self._sweep_after is not None
-                or time.monotonic() >= (self._next_sweep)
-            ):
-                page = dependencies.pending_page(
-                    self.database, after=self._sweep_after, limit=limit
-                )
-                # The next look goes on from here; a short page ends the sweep.
-                self._sweep_after = page[-1] if len(page) == limit else None
-                if self._sweep_after is None:
-                    self._next_sweep = time.monotonic() + SWEEP_INTERVAL
-                children = sorted(set(children) | set(page))
-            return children
+        def pending() -> bool:
+            return dependencies.any_pending(self.database)
 
-        children = retry_transient(self.database, run, what="pending jobs")
-        return self._resolve_all(children)
+        if not retry_transient(self.database, pending, what="pending jobs"):
+            self._sweep_after = None
+            return 0, 0
+        now = retry_transient(self.database, partial(database_now, self.database), what="now")
+        since, self._resolved_until = self._resolved_until, now
+        released = cancelled = 0
+        if since is not None:
+            for _ in range(RECENT_PAGES):
+                children = retry_transient(
+                    self.database,
+                    partial(
+                        dependencies.recent_children,
+                        self.database,
+                        since=since - RECENT_MARGIN,
+                        limit=limit,
+                    ),
+                    what="pending dependants",
+                )
+                more, fewer = self._resolve_all(children)
+                released, cancelled = released + more, cancelled + fewer
+                if len(children) < limit:
+                    break
+                # Those resolved are no longer pending: the next page reads on past them.
+            else:
+                self._resolved_until = since  # more may wait: the next look reads them
+        if since is None or self._sweep_after is not None or time.monotonic() >= self._next_sweep:
+            page = retry_transient(
+                self.database,
+                partial(
+                    dependencies.pending_page, self.database, after=self._sweep_after, limit=limit
+                ),
+                what="pending jobs",
+            )
+            # The next look goes on from here; a short page ends the sweep.
+            self._sweep_after = page[-1] if len(page) == limit else None
+            if self._sweep_after is None:
+                self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+            more, fewer = self._resolve_all(page)
+            released, cancelled = released + more, cancelled + fewer
+        return released, cancelled
 
     def release_dependants_of(self, parents: Sequence[Any]) -> tuple[int, int]:
         """Resolve the pending dependants of ``parents`` alone (jobs whose outcomes were
@@ -445,16 +466,39 @@ class JobStore:
         batch once (``stalwart.db.batches``); return how many batches finished."""
         from stalwart.db import batches
 
-        def run() -> int:
-            finished = 0
-            for row in batches.waiting(self.database, limit=limit):
-                if batches.has_unfinished_members(self.database, row.id):
-                    continue
-                if self._finish_batch(row):
-                    finished += 1
-            return finished
+        finished = 0
+        for row in retry_transient(
+            self.database,
+            lambda: batches.waiting(self.database, limit=limit),
+            what="finished batches",
+        ):
+            try:
+                done = retry_transient(
+                    self.database, partial(self._finish_batch, row), what="finish batch"
+                )
+            except (DataError, IntegrityError) as error:
+                self._batch_unfinishable(row, error)  # its data, not the database
+                continue
+            except DatabaseFailure:
+                raise  # an outage: every look would fail alike
+            except Exception as error:  # noqa: BLE001 - one batch's callback, not the look
+                self._batch_unfinishable(row, error)
+                continue
+            if done:
+                finished += 1
+                self._unfinishable.discard(row.id)
+        return finished
 
-        return retry_transient(self.database, run, what="finish_batches")
+    def _batch_unfinishable(self, row: Any, error: BaseException) -> None:
+        """A batch whose callback cannot be enqueued here (its task gone from this release,
+        its arguments no longer fitting it): it waits, said once per process, and every
+        other batch, and the promotion, go on."""
+        if row.id in self._unfinishable:
+            return
+        self._unfinishable.add(row.id)
+        events.emit(
+            "batch_callback_failed", batch=str(row.id), error=f"{type(error).__name__}: {error}"
+        )
 
     def _finish_batch(self, row: Any) -> bool:
         """Mark one batch finished and enqueue its callbacks, in one transaction."""
@@ -514,9 +558,8 @@ class JobStore:
 
     def promote_due(self, *, limit: int = 1000) -> int:
         """Release pending jobs whose parents are done, then move due scheduled jobs on
-        (one batch) and hand out slots; return how many were promoted. Finished batches'
-        callbacks are enqueued first, so they are promoted in the same look."""
-        self.finish_batches()
+        (one batch) and hand out slots, then enqueue the callbacks of finished batches;
+        return how many were promoted."""
         self.resolve_dependencies(limit=limit)
 
         def run() -> tuple[int, list]:
@@ -525,6 +568,7 @@ class JobStore:
 
         promoted, keys = retry_transient(self.database, run, what="promote_due")
         self.unblock(keys)
+        self.finish_batches()
         return promoted
 
     def next_due(self) -> tuple[float, float | None]:

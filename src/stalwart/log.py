@@ -46,6 +46,7 @@ _LEVELS = {
     "dependants_revived": logging.INFO,
     "batch_finishing": logging.DEBUG,
     "batch_finished": logging.INFO,
+    "batch_callback_failed": logging.ERROR,
     "recurring_enqueued": logging.INFO,
     "job_timed_out": logging.ERROR,
     "worker_recycling": logging.INFO,

@@ -37,6 +37,20 @@ def plan_of(call) -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+# Nodes that pass on their outer side's rows in the order they come (and their conditions):
+# nested loops and anti-joins, merge or hash, keep the order of the rows they test.
+ORDER_KEEPING = (
+    "Nested Loop",
+    "Merge Anti Join",
+    "Merge Cond",
+    "Hash Anti Join",
+    "Hash Cond",
+    "Join Filter",
+    "Filter",
+    "Limit",
+)
+
+
 def locks_in_id_order(plan: list[str]) -> bool:
     """Every LockRows node reads its rows sorted on id, or along the primary key."""
     lock_lines = [index for index, line in enumerate(plan) if "LockRows" in line]
@@ -47,13 +61,17 @@ def locks_in_id_order(plan: list[str]) -> bool:
         sorted_on_id = any(re.search(r"Sort Key: (\w+\.)?id$", line.strip()) for line in below)
         # Along the primary key, or along an index whose key is the id alone; perhaps at the
         # outer end of nested loops (anti-joins), which keep the order of their outer side.
-        first = next(
-            node
-            for node in (line.strip().removeprefix("->  ") for line in plan[index + 1 :])
-            if not node.startswith(("Nested Loop", "Join Filter", "Filter"))
+        nodes = [line.strip().removeprefix("->  ") for line in plan[index + 1 :]]
+        at, first = next(
+            (at, node) for at, node in enumerate(nodes) if not node.startswith(ORDER_KEEPING)
         )
         along_key = any(name in first for name in ("stalwart_job_pkey", "_failed_id "))
-        if not (sorted_on_id or along_key):
+        # Or sorted on id at the outer end of those nested loops (an anti-join: retention
+        # keeps a job that a pending job runs after).
+        sorted_below = first.startswith("Sort") and bool(
+            re.search(r"Sort Key: (\w+\.)?id$", nodes[at + 1] if at + 1 < len(nodes) else "")
+        )
+        if not (sorted_on_id or along_key or sorted_below):
             return False
     return True
 

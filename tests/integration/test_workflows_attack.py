@@ -286,7 +286,7 @@ def test_a_dependant_committed_after_its_parent_finished_is_released():
         pytest.skip("SQLite: the open transaction holds the write lock the parent's end needs")
     parent = tasks.noop.enqueue()
     with transaction.atomic():
-        child = enqueue_after([parent], tasks.noop)
+        Job.objects.count()  # the transaction has begun (and read) before the parent ends
         finished_elsewhere = at_once(
             1,
             lambda _: (
@@ -297,6 +297,7 @@ def test_a_dependant_committed_after_its_parent_finished_is_released():
             )[1],
         )
         assert finished_elsewhere == [(0, 0)]
+        child = enqueue_after([parent], tasks.noop)
     assert resolve() == (1, 0)
     assert job(child).status == "ready"
 

@@ -81,10 +81,20 @@ def member_ids(database: str, batch_id: uuid.UUID) -> list[uuid.UUID]:
 
 
 def waiting(database: str, *, limit: int) -> list[Batch]:
-    """Closed batches whose callbacks are still to come, oldest first."""
+    """Closed batches whose callbacks are due (every member has finished), oldest first:
+    batches still running, however many, never hold up one that is done."""
+    unfinished = Job.objects.using(database).filter(
+        pk=OuterRef("job"), status__in=_UNFINISHED_STATES
+    )
+    running_member = (
+        BatchJob.objects.using(database)
+        .filter(batch=OuterRef("pk"), role=BatchRole.MEMBER)
+        .filter(Exists(unfinished))
+    )
     return list(
         Batch.objects.using(database)
         .filter(closed_at__isnull=False, finished_at__isnull=True)
+        .exclude(Exists(running_member))
         .order_by("closed_at", "id")[:limit]
     )
 

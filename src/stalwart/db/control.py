@@ -25,12 +25,18 @@ _CANCELLABLE = ", ".join(f"'{state}'" for state in CANCELLABLE_STATES)
 # A finished job that a pending job still runs after is kept, whatever its age: deleted,
 # it could no longer say whether it succeeded (db/dependencies.py).
 def kept_for_dependants(job: str) -> str:
-    """The condition that keeps the job row ``job`` if a pending job runs after it."""
+    """The condition that keeps the job row ``job`` if a pending job runs after it, or if
+    it is a member of a batch not finished yet (whose callbacks need its outcome)."""
     return f"""
     AND NOT EXISTS (
         SELECT 1 FROM stalwart_dependency AS kept_for
         JOIN stalwart_job AS dependant ON dependant.id = kept_for.child
         WHERE kept_for.parent = {job}.id AND dependant.status = 'pending'
+    )
+    AND NOT EXISTS (
+        SELECT 1 FROM stalwart_batch_job AS membership
+        JOIN stalwart_batch AS unfinished ON unfinished.id = membership.batch
+        WHERE membership.job = {job}.id AND unfinished.finished_at IS NULL
     )"""
 
 

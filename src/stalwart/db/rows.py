@@ -28,6 +28,7 @@ CLAIM_COLUMNS = (
     "isolated",
     "unique_key",
     "cancel_requested_at",
+    "has_dependants",
 )
 
 # The columns an insert writes from each new job, in the order of insert_params()...
@@ -108,6 +109,9 @@ class ClaimedJob:
     unique_key: str | None = None
     # Someone asked the job to stop while an earlier attempt ran: it is not run again.
     cancel_requested_at: datetime | None = None
+    # Some job ran after this one when it was claimed: its worker releases them once its
+    # outcome is written (a dependant added later is the dispatcher's to release).
+    has_dependants: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,10 @@ class Job(models.Model):
     # an old worker, a task added in the new release). Such a claim is undone, and the job
     # waits for a worker that has the task, up to the backend's ``task_not_found_grace``.
     unresolved_since = models.DateTimeField(null=True, blank=True)
+    # Some job runs after this one (``enqueue_after``): set with the dependant, read by the
+    # claim, so the worker that finishes this job releases its dependants at once; a job
+    # without any costs its worker nothing more.
+    has_dependants = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "stalwart_job"

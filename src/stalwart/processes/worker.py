@@ -52,8 +52,6 @@ PROMOTE_INTERVAL = 1.0  # seconds between due-job promotions when the worker doe
 MEMORY_CHECK_INTERVAL = 1.0  # seconds between looks at the resident memory
 # Seconds between reads of the paused queues (and of isolated jobs waiting), while claiming.
 PAUSE_CHECK_INTERVAL = 1.0
-# Seconds between looks at whether any job is pending (waits for others to finish).
-PENDING_CHECK_INTERVAL = 1.0
 # Idle, with LISTEN/NOTIFY heard: a notification wakes the worker (a resume notifies too,
 # and one for a queue it thinks paused has it read its pauses again at once), and it looks
 # anyway this often (default poll_interval). Without it: SHORT_POLL (or LISTENER_DOWN_POLL
@@ -120,10 +118,7 @@ class Worker(Role):
         # chores) asks the database nothing else.
         self._look = True
         self._next_poll = 0.0
-        # Whether jobs wait for others (read at most every PENDING_CHECK_INTERVAL): then the
-        # outcomes we write release their dependants at once (see _release_dependants).
-        self._pending_seen = False
-        self._next_pending_check = 0.0
+        # Some dependants were released by the last flush: the next round claims at once.
         self._released_dependants = False
         # Why memory made us recycle, and the jobs that ran then (see _recycle_due).
         self._memory_suspects: tuple[str, list[Any]] | None = None
@@ -498,32 +493,26 @@ class Worker(Role):
         return claimed
 
     def _release_dependants(self, settled: list[Finished]) -> None:
-        """Release (or cancel) the pending dependants of the jobs just finished, so that a
-        chain's next link is claimed at once (the dispatcher's look would take up to its
-        polling_interval). Only while some job is pending; a failure here is left to the
-        dispatcher, which resolves every pending job."""
+        """Release (or cancel) the pending dependants of the jobs just finished that had
+        some when claimed, so that a chain's next link is claimed at once (the dispatcher's
+        look would take up to its polling_interval). A failure here is left to the
+        dispatcher, which resolves what no worker did."""
         from django.db import DatabaseError
 
-        from stalwart.db.dependencies import any_pending
         from stalwart.models.job import FINISHED_STATES
 
-        finals = [
+        parents = [
             item.job.id
             for item in settled
-            if item.interruption is None
+            if item.job.has_dependants
+            and item.interruption is None
             and item.deferred is None
             and item.outcome.status in FINISHED_STATES
         ]
-        if not finals:
+        if not parents:
             return
         try:
-            now = time.monotonic()
-            if now >= self._next_pending_check:
-                self._pending_seen = any_pending(self.database)
-                self._next_pending_check = now + PENDING_CHECK_INTERVAL
-            if not self._pending_seen:
-                return
-            released, _ = self.store.release_dependants_of(finals)
+            released, _ = self.store.release_dependants_of(parents)
         except DatabaseError as error:
             events.emit(
                 "dependants_not_released",
