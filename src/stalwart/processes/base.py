@@ -35,7 +35,7 @@ from stalwart.processes.exits import EXIT_CRASHED, EXIT_FENCED, EXIT_OK, EXIT_RE
 from stalwart.processes.heartbeat import Heartbeat
 from stalwart.processes.liveness import Liveness
 from stalwart.processes.outage import DatabaseFailure, Outage
-from stalwart.processes.registry import Registration, process_name
+from stalwart.processes.registry import Registration, process_name, stall_limit
 from stalwart.processes.verdicts import Verdict
 from stalwart.processes.wakeup import Waker
 
@@ -233,6 +233,7 @@ class Role:
         connection is reset if broken, the outage logged once, and the loop waits its backoff
         (a lost connection is not retried within the step: the loop does it); then
         ``FAILED`` is returned. Anything else propagates."""
+        began = time.monotonic()
         try:
             with lost_connections_to_the_caller():
                 value = work()
@@ -240,6 +241,8 @@ class Role:
             self.pause(self.outage.failed(error))
             return FAILED
         self.outage.succeeded()
+        if time.monotonic() - began > stall_limit(self.config):
+            self.outage.stalled()  # it waited for the database so long that others did too
         self.liveness.progressed()
         return value
 

@@ -95,6 +95,14 @@ class Outage:
             self._delay = min(self._delay * 2, self.max_delay)
         return self._delay * random.uniform(0.75, 1.25)  # noqa: S311 - jitter, not secrecy
 
+    def stalled(self) -> None:
+        """Record that a call worked, but only after waiting far longer than it should (a
+        lock held by another writer, as SQLite's one writer): for as long, nobody's beats
+        could land either, so for a pruner it is an outage that just ended (see
+        ``registry.may_prune``); no line is logged."""
+        if self.since is None:
+            self.recovered_at = time.monotonic()
+
     def succeeded(self) -> None:
         """Record a step that worked: an outage in progress is over."""
         if self.since is None:

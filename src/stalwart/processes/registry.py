@@ -355,6 +355,13 @@ def may_prune(outage: "Outage", config: "Options", holder: str) -> bool:
     return False
 
 
+def stall_limit(config: "Options") -> float:
+    """How long a call to the database may take before it counts, for a pruner, as an
+    outage of its own (``Outage.stalled``): past a heartbeat interval and a quarter of the
+    alive threshold, the beats of others were held up alike."""
+    return max(config.heartbeat_interval, config.process_alive_threshold / 4)
+
+
 # How many thresholds a pruner waits at most after a run of outages of its own.
 MAX_WAITS = 2
 ORPHAN_OWNERS_PER_TRANSACTION = 50

@@ -36,6 +36,7 @@ from stalwart.processes.registry import (
     prune_under_lease,
     remove_reaped_child,
     report_given_back,
+    stall_limit,
 )
 from stalwart.processes.verdicts import Verdict
 
@@ -218,7 +219,12 @@ class Supervisor(Role):
         if now < self._next_beat:
             return
         self._next_beat = now + self.config.heartbeat_interval
+        began = time.monotonic()
         self._beat()
+        if time.monotonic() - began > stall_limit(self.config):
+            # Our beat waited that long for the database: so did everyone's. Whoever looks
+            # silent now may have lived through it: no prune judges them before a threshold.
+            self.outage.stalled()
         self._relay_verdicts()
         if not chores:
             return
