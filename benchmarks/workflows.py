@@ -165,7 +165,7 @@ def bench_fan_in(parents: int) -> None:
         bench.stop_workers(workers)
     clear()
     waited = (started - last).total_seconds() * 1000
-    print(f"{'fan-in: last parent end to child start':<38}{waited:.1f} ms ({parents} parents)")
+    print(f"{'fan-in: last parent end to child':<38}{waited:.1f} ms ({parents} parents)")
 
 
 def drain_beside_pending(count: int, pending: int) -> float:
