@@ -79,31 +79,6 @@ class SQLiteClaims(Claims):
         isolated: bool = False,
     ) -> list[ClaimedJob]:
         conditions, filter_params = self.queue_filter(pattern, excluded)
-        with self._atomic():
-            # The write lock first, then the clock: a claim that waited for the lock is
-            # stamped with when it ran, never before a job it takes was due.
-            self.take_write_lock(cursor)
-            return self._claim_now(
-                cursor,
-                owner=owner,
-                worker_name=worker_name,
-                isolated=isolated,
-                conditions=conditions,
-                filter_params=filter_params,
-                limit=limit,
-            )
-
-    def _claim_now(
-        self,
-        cursor: Any,
-        *,
-        owner: int,
-        worker_name: str,
-        isolated: bool,
-        conditions: str,
-        filter_params: list,
-        limit: int,
-    ) -> list[ClaimedJob]:
         now = self.now_param()
         cursor.execute(
             f"""
