@@ -453,3 +453,37 @@ def test_the_queues_sessions_bound_every_answer_on_the_client():
     assert seen == {"wait": 1, "read": 2 + CLIENT_MARGIN, "write": 2 + CLIENT_MARGIN}
     options = connections["default"].settings_dict.get("OPTIONS") or {}
     assert "read_timeout" not in options
+
+
+def test_the_look_at_dependants_of_jobs_just_ended_reads_only_jobs_with_dependants(wide_table):
+    """30,000 jobs just ended, none with dependants: the dispatcher's look at the
+    dependants of jobs ended since its last look reads the parents' index, not them."""
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+    from django.utils import timezone
+
+    from stalwart.db import dependencies
+
+    Job.objects.filter(status="successful").update(finished_at=Now())
+    # And 10,000 jobs waiting for blocked parents, none of which has ended.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO stalwart_dependency (child, parent, position, on_failure) "
+            f"SELECT UUID(), parent.id, 0, 'cancel' FROM {_TEN_THOUSAND} "
+            "JOIN stalwart_job parent ON parent.status = 'blocked' AND MOD(n, 10) = 0 "
+            "WHERE n < 10 LIMIT 10000"
+        )
+        cursor.execute("UPDATE stalwart_job SET has_dependants = TRUE WHERE status = 'blocked'")
+        cursor.execute("ANALYZE TABLE stalwart_dependency")
+        cursor.fetchall()
+        cursor.execute("ANALYZE TABLE stalwart_job")
+        cursor.fetchall()
+    since = timezone.now() - timedelta(hours=1)
+    children, sql = sent(
+        lambda cursor: dependencies.recent_children("default", since=since, limit=1000)
+    )
+    assert children == []
+    (rows,) = explained(sql, "SELECT")
+    parents = [row for row in rows if row["table"] == "parent"]
+    assert [row["key"] for row in parents] == ["stalwart_job_parents"], rows

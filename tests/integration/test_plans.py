@@ -318,3 +318,22 @@ def test_the_job_table_is_vacuumed_after_500_changes_plus_one_percent(vendor):
     for kind in ("vacuum", "vacuum_insert", "analyze"):
         assert options[f"autovacuum_{kind}_scale_factor"] == "0.01"
         assert options[f"autovacuum_{kind}_threshold"] == "500"
+
+
+def test_the_look_at_dependants_of_jobs_just_ended_reads_only_jobs_with_dependants(big_table):
+    """150,000 jobs ended in the last day, none with dependants: the dispatcher's look at
+    the dependants of jobs ended in the last hour reads none of them."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from stalwart.db import dependencies
+
+    since = timezone.now() - timedelta(hours=1)
+    children, found = plans(
+        lambda c: dependencies.recent_children("default", since=since, limit=1000)
+    )
+    assert children == []
+    assert "stalwart_job_parents" in indexes(found[0])
+    assert "stalwart_job_finished" not in indexes(found[0])
+    assert_flat(found[0])

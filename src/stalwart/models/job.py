@@ -141,6 +141,14 @@ class Job(models.Model):
                 condition=models.Q(status="pending"),
                 name="stalwart_job_pending",
             ),
+            # Jobs that others run after, by when they finished: the dispatcher's look at the
+            # dependants of jobs finished since its last one reads these alone, not every job
+            # that finished meanwhile (a busy queue finishes thousands a second).
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(has_dependants=True),
+                name="stalwart_job_parents",
+            ),
             # Scheduled jobs that fall due.
             models.Index(
                 fields=["available_at"],
