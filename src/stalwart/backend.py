@@ -313,10 +313,30 @@ class StalwartBackend(BaseTaskBackend):
                     )
                 ],
             )
+            self._resolve_if_parents_ended(child, parent_ids)
             # A listening dispatcher may sleep until its next due job: wake it (at commit),
             # so that it looks at pending jobs every polling_interval from now on.
             self.store.notify_scheduled(due_in=0)
         return result
+
+    def _resolve_if_parents_ended(self, child: uuid.UUID, parent_ids: list[uuid.UUID]) -> None:
+        """A parent that had already ended before its dependant was enqueued is seen by no
+        worker's or dispatcher's look at jobs that end: decide the dependant now, in the
+        enqueue's transaction (released, or cancelled, as its parents' states say)."""
+        from stalwart.db import dependencies
+        from stalwart.models import Job
+        from stalwart.ticks import database_now
+
+        database = self.config.database
+        ended = (
+            Job.objects.using(database)
+            .filter(pk__in=parent_ids, status__in=["successful", "failed", "cancelled"])
+            .exists()
+        )
+        if not ended:
+            return
+        _, _, queues = dependencies.resolve(database, [child], now=database_now(database))
+        self.store.wake(queues)
 
     def _mark_parents(self, parent_ids: list[uuid.UUID]) -> None:
         """Set ``has_dependants`` on the parents that lack it, locking them in id order

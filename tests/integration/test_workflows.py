@@ -119,6 +119,24 @@ def test_a_dependant_keeps_its_run_after_and_is_then_due_as_any_job():
     assert row.priority == 7
 
 
+def test_a_dependant_of_parents_that_had_already_ended_is_decided_by_its_enqueue():
+    done = tasks.add.enqueue(1, 2)
+    failed = tasks.fail.enqueue("no")
+    Job.objects.filter(pk=failed.id).update(max_attempts=1)
+    drain(threads=2)
+    assert {job(done).status, job(failed).status} == {"successful", "failed"}
+    # No worker or dispatcher will see these parents end again: the enqueue decides.
+    released = enqueue_after([done], tasks.plus_parents, n=1)
+    cancelled = enqueue_after([failed], tasks.noop)
+    tolerant = enqueue_after([After(failed, on_failure="run"), done], tasks.noop)
+    assert job(released).status == "ready"
+    assert job(cancelled).status == "cancelled"
+    assert job(tolerant).status == "ready"
+    drain(threads=1)
+    released.refresh()
+    assert released.return_value == 4
+
+
 def test_a_parent_deleted_before_its_dependant_was_released_is_resolved_not_stranded():
     doomed_parent = tasks.noop.enqueue()
     tolerant_parent = tasks.noop.enqueue()
@@ -135,10 +153,11 @@ def test_a_parent_deleted_before_its_dependant_was_released_is_resolved_not_stra
 def test_two_dispatchers_resolving_at_once_release_and_cancel_each_dependant_once():
     succeeded = tasks.noop.enqueue()
     failed = tasks.noop.enqueue()
-    Job.objects.filter(pk=succeeded.id).update(status="successful", finished_at=timezone.now())
-    Job.objects.filter(pk=failed.id).update(status="failed", finished_at=timezone.now())
     released = [enqueue_after([succeeded], tasks.noop) for _ in range(60)]
     doomed = [enqueue_after([failed], tasks.noop) for _ in range(60)]
+    # Parents that ended without a worker (as a death or a cancel ends them).
+    Job.objects.filter(pk=succeeded.id).update(status="successful", finished_at=timezone.now())
+    Job.objects.filter(pk=failed.id).update(status="failed", finished_at=timezone.now())
     outcomes = at_once(4, lambda _: JobStore("default").resolve_dependencies(limit=25))
     more = [resolve() for _ in range(6)]
     assert sum(r for r, _ in outcomes + more) == 60
