@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Exists, F, OuterRef
+from django.db.models import Count, Exists, F, OuterRef, Subquery
 
 from stalwart.models import Batch, BatchJob, BatchRole, Job
 
@@ -51,10 +51,24 @@ def _members(database: str, batch_id: uuid.UUID) -> Any:
 
 def has_unfinished_members(database: str, batch_id: uuid.UUID) -> bool:
     """Whether a member of the batch is still to finish (a deleted member has finished)."""
-    unfinished = Job.objects.using(database).filter(
-        pk=OuterRef("job"), status__in=_UNFINISHED_STATES
+    batch = Batch.objects.using(database).filter(pk=batch_id)
+    return batch.alias(running=_running_member()).filter(running__isnull=False).exists()
+
+
+def _running_member() -> Any:
+    """A member of the batch (the outer row) still to finish, or NULL. Its members are read
+    newest first, where one still to finish is found at once (a batch's jobs run roughly in
+    the order they were added, so the newest finish last), not after every member that has
+    finished, which a look near the end of a big batch would read each time. A subquery
+    with ORDER BY and LIMIT keeps that order (the index on batch, role, id, read
+    backwards); an EXISTS would drop it."""
+    unfinished = Job.objects.filter(pk=OuterRef("job"), status__in=_UNFINISHED_STATES)
+    return Subquery(
+        BatchJob.objects.filter(batch=OuterRef("pk"), role=BatchRole.MEMBER)
+        .filter(Exists(unfinished))
+        .order_by("-id")
+        .values("id")[:1]
     )
-    return _members(database, batch_id).filter(Exists(unfinished)).exists()
 
 
 _UNFINISHED_STATES = ("pending", "scheduled", "blocked", "ready", "running")
@@ -83,18 +97,11 @@ def member_ids(database: str, batch_id: uuid.UUID) -> list[uuid.UUID]:
 def waiting(database: str, *, limit: int) -> list[Batch]:
     """Closed batches whose callbacks are due (every member has finished), oldest first:
     batches still running, however many, never hold up one that is done."""
-    unfinished = Job.objects.using(database).filter(
-        pk=OuterRef("job"), status__in=_UNFINISHED_STATES
-    )
-    running_member = (
-        BatchJob.objects.using(database)
-        .filter(batch=OuterRef("pk"), role=BatchRole.MEMBER)
-        .filter(Exists(unfinished))
-    )
     return list(
         Batch.objects.using(database)
         .filter(closed_at__isnull=False, finished_at__isnull=True)
-        .exclude(Exists(running_member))
+        .alias(running=_running_member())
+        .filter(running__isnull=True)
         .order_by("closed_at", "id")[:limit]
     )
 

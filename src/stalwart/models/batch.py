@@ -60,7 +60,8 @@ class BatchJob(models.Model):
             models.UniqueConstraint(fields=["job"], name="stalwart_batch_job_once"),
         ]
         indexes = [
-            models.Index(fields=["batch", "role"], name="stalwart_batch_job_batch"),
+            # A batch's members, newest first (whether one is still to finish), or in order.
+            models.Index(fields=["batch", "role", "id"], name="stalwart_batch_job_members"),
         ]
 
     def __str__(self) -> str:
