@@ -337,3 +337,33 @@ def test_the_look_at_dependants_of_jobs_just_ended_reads_only_jobs_with_dependan
     assert "stalwart_job_parents" in indexes(found[0])
     assert "stalwart_job_finished" not in indexes(found[0])
     assert_flat(found[0])
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [EVERY, QueuePattern(BIG), QueuePattern("b", is_prefix=True)],
+    ids=["every-queue", "one-queue", "prefix"],
+)
+def test_a_claim_reads_only_what_it_takes_when_the_statistics_say_nothing_is_ready(
+    big_table, pattern
+):
+    """The table was last analyzed when no job was ready (a quiet queue, most of the time),
+    then a backlog arrived: the claim still reads the head of its index and its rows by
+    primary key, not every ready job once per row it claims."""
+    statements = statements_for(connection)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE stalwart_job SET status = 'scheduled' WHERE status = 'ready'")
+        cursor.execute("ANALYZE stalwart_job")  # rolled back with the transaction
+        cursor.execute(
+            "UPDATE stalwart_job SET status = 'ready' "
+            "WHERE status = 'scheduled' AND available_at < now() - interval '1 second'"
+        )
+        for outcomes in (None, finishing(big_table)):
+            _, found = plans(claim_with(statements, big_table, pattern, (), outcomes))
+            ready = {"stalwart_job_claim_any", "stalwart_job_claim_queue"}
+            for node in job_scans(found[0]):
+                if node.get("Index Name") not in ready:
+                    continue  # the finish's read of the jobs the worker holds, by owner
+                read = node["Actual Rows"] * node["Actual Loops"]
+                assert read <= 200, f"{node.get('Index Name')} read {read} rows: {node}"
+        transaction.set_rollback(True)

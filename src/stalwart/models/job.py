@@ -129,10 +129,13 @@ class Job(models.Model):
                 condition=models.Q(status="ready"),
                 name="stalwart_job_claim_queue",
             ),
-            # ...or across every queue (workers on '*').
+            # ...or across every queue (workers on '*'). Its condition names the priority (true
+            # of every job: the range is checked) so that only a claim that says so, the one
+            # on every queue, can read it: a claim on some queues never picks it to filter
+            # out the others, whatever the statistics say.
             models.Index(
                 fields=["-priority", "available_at", "id"],
-                condition=models.Q(status="ready"),
+                condition=models.Q(status="ready", priority__gte=-100),
                 name="stalwart_job_claim_any",
             ),
             # Jobs waiting for their parents: the dispatcher's look at which it may release.

@@ -330,6 +330,11 @@ class PostgreSQLClaims(Claims):
                         WHERE later.status = 'ready' AND later.queue_name > ready_queue.queue_name)
                 FROM ready_queue WHERE ready_queue.queue_name IS NOT NULL
             )"""
+    # The rows picked were ready when locked, and stay so (ours, locked) until this write;
+    # its check of the state is a second fence, written so that it matches no partial index
+    # on ready jobs: with statistics that say none is ready (last analyzed when the queue
+    # was quiet, before a backlog came), the planner would read such an index whole, every
+    # ready job, to join it with the rows picked, instead of fetching each by id.
     _CLAIM_UPDATE = """
             UPDATE stalwart_job AS job
             SET status = 'running',
@@ -339,7 +344,7 @@ class PostgreSQLClaims(Claims):
                 last_attempted_at = now(),
                 worker_ids = job.worker_ids || jsonb_build_array(%s::text)
             FROM picked
-            WHERE job.id = picked.id AND job.status = 'ready'
+            WHERE job.id = picked.id AND job.status || '' = 'ready'
             RETURNING {returning}"""
 
     def _picked(
@@ -353,9 +358,12 @@ class PostgreSQLClaims(Claims):
 
         - one named queue: ``stalwart_job_claim_queue``, the queue's own range. The queue is
           written ``= ANY(array)`` and the order starts with it, an order only that index
-          gives without a sort; so the planner cannot pick ``claim_any`` and filter out the
-          rows of other queues, whatever the statistics say.
-        - every queue (``*``), none left out: ``stalwart_job_claim_any``, its head.
+          gives without a sort. ``claim_any`` cannot serve it at all: that index's
+          condition has a term on the priority that only the claim on every queue states,
+          so the planner cannot pick it and filter out the rows of other queues, whatever
+          the statistics say (statistics taken when nothing was ready price both at a row).
+        - every queue (``*``), none left out: ``stalwart_job_claim_any``, its head (the
+          claim says ``priority >= -100``, true of every job, to match its condition).
         - a prefix, or ``*`` with queues left out (paused, ``!name``): the ready queues are
           listed by a loose scan, those claimed from kept, and each one's head read from
           ``claim_queue`` (up to ``limit`` rows each, locked, the best ``limit`` kept).
@@ -400,7 +408,7 @@ class PostgreSQLClaims(Claims):
                 f"""
             picked AS MATERIALIZED (
                 SELECT id FROM stalwart_job
-                WHERE status = 'ready' AND NOT isolated {claimant}
+                WHERE status = 'ready' AND priority >= -100 AND NOT isolated {claimant}
                 ORDER BY priority DESC, available_at, id
                 LIMIT {limit}
                 FOR UPDATE SKIP LOCKED

@@ -93,7 +93,7 @@ class SQLiteClaims(Claims):
               AND EXISTS (SELECT 1 FROM stalwart_process WHERE id = %s)
               AND id IN (
                 SELECT id FROM stalwart_job
-                WHERE status = 'ready' AND isolated = %s {conditions}
+                WHERE status = 'ready' AND priority >= -100 AND isolated = %s {conditions}
                 ORDER BY priority DESC, available_at, id
                 LIMIT %s
             )
