@@ -220,7 +220,14 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=200, help="links of the chain")
     parser.add_argument("--fan-in", type=int, default=2_000, help="parents of the fan-in")
     parser.add_argument("--pending", type=int, default=20_000, help="pending dependants")
+    parser.add_argument(
+        "--only",
+        choices=["enqueue", "drain", "chain", "fan-in", "pending"],
+        action="append",
+        help="run only these measurements (repeatable; default: all)",
+    )
     args = parser.parse_args()
+    chosen = set(args.only or ["enqueue", "drain", "chain", "fan-in", "pending"])
 
     import django
 
@@ -230,11 +237,16 @@ def main() -> None:
     bench.prepare_database()
     clear()
     print(f"stalwart workflow benchmark on {connection.vendor}, {bench.os.cpu_count()} CPUs")
-    bench_enqueue(args.jobs)
-    bench_drain(args.drain_jobs)
-    bench_chain(args.chain)
-    bench_fan_in(args.fan_in)
-    bench_beside_pending(args.drain_jobs, args.pending)
+    if "enqueue" in chosen:
+        bench_enqueue(args.jobs)
+    if "drain" in chosen:
+        bench_drain(args.drain_jobs)
+    if "chain" in chosen:
+        bench_chain(args.chain)
+    if "fan-in" in chosen:
+        bench_fan_in(args.fan_in)
+    if "pending" in chosen:
+        bench_beside_pending(args.drain_jobs, args.pending)
 
 
 if __name__ == "__main__":
