@@ -367,3 +367,42 @@ def test_a_claim_reads_only_what_it_takes_when_the_statistics_say_nothing_is_rea
                 read = node["Actual Rows"] * node["Actual Loops"]
                 assert read <= 200, f"{node.get('Index Name')} read {read} rows: {node}"
         transaction.set_rollback(True)
+
+
+def test_the_look_at_a_draining_batch_reads_its_newest_members_not_the_finished_ones(
+    big_table,
+):
+    """A closed batch of 20,000 members, all but the 10 newest finished (members run in the
+    order they were added): whether it is done reads a few members, not 19,990."""
+    import uuid
+
+    from stalwart.db import batches
+
+    batch = uuid.uuid4()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO stalwart_batch (id, backend, label, created_at, closed_at, total, "
+            "callbacks) VALUES (%s, 'default', '', now(), now(), 20000, '{}')",
+            [batch],
+        )
+        cursor.execute(
+            "INSERT INTO stalwart_batch_job (batch, job, role) "
+            "SELECT %s, id, 'member' FROM ("
+            "  SELECT id FROM stalwart_job WHERE status = 'successful' ORDER BY id LIMIT 19990"
+            ") AS finished ORDER BY id",
+            [batch],
+        )
+        cursor.execute(
+            "INSERT INTO stalwart_batch_job (batch, job, role) "
+            "SELECT %s, id, 'member' FROM stalwart_job WHERE status = 'ready' "
+            "ORDER BY id LIMIT 10",
+            [batch],
+        )
+        cursor.execute("ANALYZE stalwart_batch_job")
+        done, found = plans(lambda c: batches.waiting("default", limit=10))
+        assert done == []
+        for node in nodes(found[0]):
+            if node.get("Relation Name") in ("stalwart_job", "stalwart_batch_job"):
+                read = node["Actual Rows"] * node["Actual Loops"]
+                assert read <= 20, f"{node.get('Index Name')} read {read} rows: {node}"
+        transaction.set_rollback(True)
