@@ -19,7 +19,10 @@ never asserted; the machine is shared, so compare figures measured in one run.
 replaced by new ready jobs, committed) and measures the claims again after each fifth of
 them: once with no vacuum at all, once with a vacuum each time the job table's dead rows
 pass the threshold its autovacuum settings (migration 0001) give, as autovacuum would.
-``--keep`` reuses the table of an earlier run; ``--only TEXT`` measures only the statements
+``--pending N`` adds N jobs waiting for their parents (50 to a parent, each due later today)
+and marks N finished jobs as having had dependants, before measuring (the claims beside a
+graph of blocked jobs, and the dispatcher's looks at them). ``--keep`` reuses the table of
+an earlier run; ``--only TEXT`` measures only the statements
 whose name contains it; ``--show`` prints each plan in full.
 """
 
@@ -336,6 +339,70 @@ def vacuum() -> None:
 # -- the statements, as Stalwart calls them --------------------------------------------------
 
 
+def add_pending(count: int) -> None:
+    """Add ``count`` jobs waiting for their parents (``enqueue_after``): each runs after a
+    scheduled job due later today, 50 to a parent; and as many finished jobs that had
+    dependants, ended over the last day. Analyzed."""
+    from django.db import connection
+
+    if not count:
+        return
+    parents = max(count // 50, 1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM stalwart_job WHERE status = 'pending'")
+        if cursor.fetchone()[0] >= count:
+            return
+        print(f"Adding {count:,} pending jobs…", flush=True)
+        cursor.execute(
+            "UPDATE stalwart_job SET has_dependants = true WHERE id IN ("
+            "  SELECT id FROM stalwart_job WHERE status = 'scheduled'"
+            "  AND available_at > now() ORDER BY id LIMIT %s)",
+            [parents],
+        )
+        cursor.execute(
+            "UPDATE stalwart_job SET has_dependants = true WHERE id IN ("
+            "  SELECT id FROM stalwart_job WHERE status = 'successful' ORDER BY id LIMIT %s)",
+            [count],
+        )
+        cursor.execute(
+            """
+            CREATE TEMPORARY TABLE bench_parent AS
+            SELECT id, row_number() OVER (ORDER BY id) AS n FROM stalwart_job
+            WHERE status = 'scheduled' AND has_dependants
+            """
+        )
+        cursor.execute(
+            """
+            CREATE TEMPORARY TABLE bench_child AS
+            SELECT gen_random_uuid() AS id, n FROM generate_series(1, %s) AS n
+            """,
+            [count],
+        )
+        cursor.execute(
+            """
+            INSERT INTO stalwart_job (id, task_path, backend, queue_name, priority, status, args,
+                kwargs, available_at, enqueued_at, attempt, max_attempts, worker_ids, errors,
+                unique_while_running, isolated)
+            SELECT id, 'benchmarks.tasks.task_' || mod(n, 8), 'default', 'default', 0,
+                   'pending', jsonb_build_array(n), '{}'::jsonb, now(), now(), 0, 5, '[]',
+                   '[]', false, false
+            FROM bench_child
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO stalwart_dependency (child, parent, position, on_failure)
+            SELECT child.id, parent.id, 0, 'cancel'
+            FROM bench_child AS child
+            JOIN bench_parent AS parent ON parent.n = 1 + mod(child.n, %s)
+            """,
+            [parents],
+        )
+        cursor.execute("DROP TABLE bench_child, bench_parent")
+        cursor.execute("VACUUM ANALYZE stalwart_job")
+        cursor.execute("VACUUM ANALYZE stalwart_dependency")
+
+
 def cases() -> list[tuple[str, Callable[[Any], Any]]]:
     from django.db import connection
 
@@ -443,6 +510,29 @@ def cases() -> list[tuple[str, Callable[[Any], Any]]]:
             older_than=14 * 86400,
         )
 
+    def recent_children(cursor):
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        from stalwart.db import dependencies
+
+        since = timezone.now() - timedelta(minutes=1)
+        return dependencies.recent_children("default", since=since, limit=1000)
+
+    def pending_page(cursor):
+        from stalwart.db import dependencies
+
+        return dependencies.pending_page("default", after=None, limit=1000)
+
+    def resolve_page(cursor):
+        from django.utils import timezone
+
+        from stalwart.db import dependencies
+
+        page = dependencies.pending_page("default", after=None, limit=500)
+        return dependencies.resolve("default", page, now=timezone.now())
+
     return [
         (f"claim '{mail}' ({BIG} has a backlog)", claim(mail)),
         (f"claim '{BIG}'", claim(big)),
@@ -484,6 +574,9 @@ def cases() -> list[tuple[str, Callable[[Any], Any]]]:
             "isolated jobs waiting",
             lambda cursor: statements.isolated_waiting(cursor, pattern=every, excluded=paused),
         ),
+        ("dependants of jobs ended in the last minute", recent_children),
+        ("pending sweep (a page of 1000)", pending_page),
+        ("resolve 500 pending jobs", resolve_page),
     ]
 
 
@@ -654,6 +747,13 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=0, metavar="N")
     parser.add_argument("--only", default="", help="Only the statements whose name has this.")
     parser.add_argument("--show", action="store_true", help="Print each plan in full too.")
+    parser.add_argument(
+        "--pending",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Add N jobs waiting for their parents (and N ended jobs that had dependants).",
+    )
     options = parser.parse_args()
 
     import django
@@ -662,6 +762,7 @@ def main() -> None:
     from benchmarks.bench import filled_table
 
     filled_table(options.jobs, keep=options.keep, fill=fill)
+    add_pending(options.pending)
     rows = []
     for name, work in cases():
         if options.only and options.only not in name:
