@@ -18,8 +18,15 @@ answer comes late and whose link then goes down); the variables only say where a
 - ``STALWART_FAULT_DIE_FINISHING_BATCH=<file>``: the first process to reach the end of a
   batch's finishing transaction (callbacks enqueued, not yet committed) while ``<file>``
   exists removes it and kills itself with ``SIGKILL``.
+- ``STALWART_FAULT_PAUSE_AT=<event>:<file>``: the first process to emit the event ``<event>``
+  (``batch_finishing``: callbacks enqueued, not yet committed; ``job_succeeded``: an
+  outcome written) while ``<file>`` exists removes it, writes to ``<file>.held`` which
+  connections its thread holds (backend pid, client port), and waits there, in the middle
+  of its work, until ``<file>.held`` is gone (at most ``PAUSE_LIMIT`` s): the test cuts one
+  of those connections meanwhile.
 """
 
+import json
 import logging
 import os
 import socket
@@ -34,6 +41,8 @@ LATE_HEARTBEAT = "STALWART_FAULT_LATE_HEARTBEAT"
 STUCK_LOOP = "STALWART_FAULT_STUCK_LOOP"
 SLOW_RECEIVER = "STALWART_FAULT_SLOW_RECEIVER"
 DIE_FINISHING_BATCH = "STALWART_FAULT_DIE_FINISHING_BATCH"
+PAUSE_AT = "STALWART_FAULT_PAUSE_AT"
+PAUSE_LIMIT = 60.0  # a pause the test never ends ends here: the process goes on
 
 
 def _named_in(flag: Path) -> bool:
@@ -121,6 +130,56 @@ def _die_finishing_batch(flag: Path) -> None:
     events.subscribe(on_event)
 
 
+def held_file(flag: Path) -> Path:
+    """Where the process paused by ``PAUSE_AT`` says what it holds (see ``_pause_at``)."""
+    return flag.with_name(f"{flag.name}.held")
+
+
+def _own_connections() -> list[dict[str, Any]]:
+    """This thread's open PostgreSQL connections: alias, backend pid, client port."""
+    from django.db import connections
+
+    found = []
+    for connection in connections.all(initialized_only=True):
+        driver = connection.connection
+        if connection.vendor != "postgresql" or driver is None or driver.closed:
+            continue
+        with socket.socket(fileno=os.dup(driver.fileno())) as sock:
+            port = sock.getsockname()[1]
+        found.append({"alias": connection.alias, "backend": driver.info.backend_pid, "port": port})
+    return found
+
+
+def _pause_at(spec: str) -> None:
+    from stalwart import events
+
+    action, _, path = spec.partition(":")
+    flag = Path(path)
+    held = held_file(flag)
+
+    def on_event(name: str, fields: dict[str, Any]) -> None:
+        if name != action:
+            return
+        try:
+            flag.unlink()  # one process wins, once
+        except OSError:
+            return
+        said = {
+            "pid": os.getpid(),
+            "thread": threading.current_thread().name,
+            "event": {key: str(value) for key, value in fields.items()},
+            "connections": _own_connections(),
+        }
+        draft = held.with_name(f"{held.name}.draft")
+        draft.write_text(json.dumps(said))
+        draft.rename(held)  # whole, at once
+        deadline = time.monotonic() + PAUSE_LIMIT
+        while held.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # paused mid-work: until the scenario has cut the connection
+
+    events.subscribe(on_event)
+
+
 def install() -> None:
     if os.environ.get(RAISING_RECEIVER):
         from django.tasks.signals import task_finished
@@ -138,3 +197,5 @@ def install() -> None:
         _late_then_cut_off(spec)
     if os.environ.get(DIE_FINISHING_BATCH):
         _die_finishing_batch(Path(os.environ[DIE_FINISHING_BATCH]))
+    if spec := os.environ.get(PAUSE_AT):
+        _pause_at(spec)

@@ -6,6 +6,10 @@
 - ``latency(seconds)``: hold every chunk that long before forwarding it (a slow network);
   with ``answers_only``, only what the server sends (a slow answer to a quick statement).
 - ``refuse()`` / ``accept()``: refuse new connections (nothing listens), then listen again.
+- One connection, named by its client's port (what the client's ``getsockname()`` says):
+  ``hold_answers(port)`` forwards its requests but holds what the server sends back (a
+  statement that reached the server, whose answer is lost in transit), and ``cut(port=)``
+  closes it alone.
 
 Threads and sockets only. Every thread is a daemon and every socket is closed by ``close()``.
 """
@@ -23,7 +27,13 @@ class _Link:
     def __init__(self, client: socket.socket, server: socket.socket) -> None:
         self.client = client
         self.server = server
+        try:
+            self.client_port = client.getpeername()[1]
+        except OSError:
+            self.client_port = 0  # the client left already
         self.closed = threading.Event()
+        self.answering = threading.Event()  # cleared: what the server sends is held here
+        self.answering.set()
 
     def close(self) -> None:
         if self.closed.is_set():
@@ -54,10 +64,12 @@ class Proxy:
 
     # -- steering -----------------------------------------------------------------------------
 
-    def cut(self) -> int:
-        """Close every open connection, both sides; return how many were cut."""
+    def cut(self, *, port: int | None = None) -> int:
+        """Close every open connection (or the one whose client is at ``port``), both sides;
+        return how many were cut."""
         with self._lock:
-            links, self._links = list(self._links), set()
+            links = [link for link in self._links if port is None or link.client_port == port]
+            self._links.difference_update(links)
         for link in links:
             link.close()
         return len(links)
@@ -70,6 +82,15 @@ class Proxy:
     def unstall(self) -> None:
         for flowing in self._flowing.values():
             flowing.set()
+
+    def hold_answers(self, port: int) -> int:
+        """Hold what the server sends to the client at ``port`` (its requests still go);
+        return how many connections that is (0 or 1)."""
+        with self._lock:
+            links = [link for link in self._links if link.client_port == port]
+        for link in links:
+            link.answering.clear()
+        return len(links)
 
     def latency(self, seconds: float, *, answers_only: bool = False) -> None:
         self._answers_only = answers_only
@@ -145,7 +166,7 @@ class Proxy:
                 delay = self._delay if answers or not self._answers_only else 0.0
                 if delay:
                     time.sleep(delay)  # the injected latency
-                while not flowing.wait(0.05):
+                while not (flowing.wait(0.05) and (not answers or link.answering.wait(0.05))):
                     if link.closed.is_set():
                         return
                 target.sendall(data)
