@@ -11,7 +11,8 @@ or, if that transaction fails or its process dies, not at all and again at the n
    same row lock, and refuses a finished batch) is seen, and the transaction rolls back;
 4. the callbacks its outcome calls for are enqueued, in the same transaction.
 
-The SQL is the same on the three databases (the ORM's).
+The SQL is the same on the three databases (the ORM's), but the membership rows' insert,
+which PostgreSQL takes as one array.
 """
 
 import uuid
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from django.db import connections
 from django.db.models import Count, Exists, F, OuterRef, Subquery
 
 from stalwart.models import Batch, BatchJob, BatchRole, Job
@@ -34,11 +36,42 @@ def add_members(database: str, batch_id: uuid.UUID, job_ids: Sequence[uuid.UUID]
     )
     if not grown:
         return False
-    BatchJob.objects.using(database).bulk_create(
-        [BatchJob(batch=batch_id, job=job_id, role=BatchRole.MEMBER) for job_id in job_ids],
-        batch_size=5000,
-    )
+    _link_members(database, batch_id, job_ids)
     return True
+
+
+# Members linked per statement elsewhere than on PostgreSQL: two parameters a row, well
+# under SQLite's 32,766 and MySQL's packet size.
+_MEMBERS_PER_INSERT = 5000
+
+
+def _link_members(database: str, batch_id: uuid.UUID, job_ids: Sequence[uuid.UUID]) -> None:
+    """Write the membership rows: on PostgreSQL, one statement from an array of ids (the
+    server parses one text parameter); elsewhere, multi-row inserts. Not the ORM's
+    bulk_create, which built a model instance and a parameter list per row: as long as
+    inserting the jobs themselves."""
+    if not job_ids:
+        return
+    connection = connections[database]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "INSERT INTO stalwart_batch_job (batch, job, role) "
+                "SELECT %s, unnest(%s::uuid[]), %s",
+                [batch_id, "{" + ",".join(str(job_id) for job_id in job_ids) + "}", "member"],
+            )
+            return
+        field: Any = BatchJob._meta.get_field("job")
+        batch = field.get_db_prep_value(batch_id, connection)
+        for start in range(0, len(job_ids), _MEMBERS_PER_INSERT):
+            chunk = job_ids[start : start + _MEMBERS_PER_INSERT]
+            params: list[Any] = []
+            for job_id in chunk:
+                params += [batch, field.get_db_prep_value(job_id, connection)]
+            rows = ", ".join([f"(%s, %s, '{BatchRole.MEMBER}')"] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO stalwart_batch_job (batch, job, role) VALUES {rows}", params
+            )
 
 
 def _plus(count: int) -> Any:
