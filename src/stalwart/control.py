@@ -2,7 +2,8 @@
 run scheduled jobs now, cancel jobs, prune finished jobs. The ``queue`` command calls these.
 
 Bulk operations work in bounded batches (``batch_size`` rows per statement, each its own
-transaction), so thousands of jobs never hold one long transaction or lock.
+transaction), so thousands of jobs never hold one long transaction or lock. (Those are
+batches of rows; ``stalwart.batch()``'s batches of jobs are pruned by ``prune_batches``.)
 """
 
 from __future__ import annotations
@@ -442,7 +443,11 @@ def prune_finished(
     dry_run: bool = False,
     batch_size: int = BATCH_SIZE,
 ) -> int:
-    """Delete jobs finished more than ``older_than`` ago, in batches; return how many."""
+    """Delete jobs finished more than ``older_than`` ago, in batches; return how many.
+
+    A job of a batch is kept while its batch is unfinished or finished less than
+    ``older_than`` ago (a batch and its jobs go together); a job that a pending job runs
+    after is kept too. ``prune_batches`` then deletes the batches left without jobs."""
     database = database or _database(backend)
     _check_batch_size(batch_size)
     # Measured on the database's clock, like the finish times it compares them with.
@@ -473,8 +478,57 @@ def prune_finished(
     return count
 
 
+def prune_batches(
+    *,
+    older_than: timedelta,
+    statuses: Sequence[str] = FINISHED_STATES,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    database: str | None = None,
+    dry_run: bool = False,
+    batch_size: int = BATCH_SIZE,
+) -> int:
+    """Delete the batches (``stalwart.batch()``) finished more than ``older_than`` ago that
+    no job is left in (members and callbacks all deleted), with their leftover links, up to
+    ``batch_size`` batches looked at per transaction; return how many were deleted.
+
+    With ``dry_run``, count the batches that ``prune_finished`` with the same ``older_than``
+    and ``statuses``, then this, would delete (``statuses`` matters only there)."""
+    database = database or _database(backend)
+    _check_batch_size(batch_size)
+    seconds = older_than.total_seconds()  # on the database's clock, like batches' finish
+    connection = connections[database]
+    statements = statements_for(connection)
+    if dry_run:
+        with connection.cursor() as cursor:
+            return statements.count_finished_batches(
+                cursor, statuses=list(statuses), older_than=seconds
+            )
+    # Each transaction goes on after the last batch the one before looked at (a keyset), so
+    # the old batches still kept by their jobs are read once per call, not once per batch.
+    progress: dict[str, Any] = {"after": None, "deleted": 0}
+
+    def batch(cursor: CursorWrapper, limit: int) -> int:
+        looked_at, progress["after"], deleted = statements.delete_finished_batches(
+            cursor, older_than=seconds, limit=limit, after=progress["after"]
+        )
+        progress["deleted"] += deleted
+        return looked_at
+
+    _batches(database, batch, batch_size)
+    count: int = progress["deleted"]
+    if count:
+        events.emit("batches_pruned", count=count, older_than=seconds)
+    return count
+
+
 def delete_expired_jobs(config: Options, *, batch_size: int = BATCH_SIZE) -> int:
-    """Apply ``OPTIONS['retention']``: delete expired finished jobs and old recurring ticks."""
+    """Apply ``OPTIONS['retention']``: delete expired finished jobs, the batches they leave
+    without jobs, and old recurring ticks; return how many jobs were deleted.
+
+    Each state's jobs go after their own period, counted from their own end and from
+    their batch's (a batch's successful members go ``keep_successful`` after the batch
+    finished, its failed ones ``keep_failed`` after). A batch with no job left goes once it
+    finished longer ago than the shortest period set."""
     deleted = 0
     kept = (
         ("successful", config.keep_successful),
@@ -486,6 +540,9 @@ def delete_expired_jobs(config: Options, *, batch_size: int = BATCH_SIZE) -> int
             deleted += prune_finished(
                 older_than=keep, statuses=[status], database=config.database, batch_size=batch_size
             )
+    shortest = min((keep for _, keep in kept if keep is not None), default=None)
+    if shortest is not None:
+        prune_batches(older_than=shortest, database=config.database, batch_size=batch_size)
     longest = max((keep for _, keep in kept if keep is not None), default=None)
     if longest is not None:
         connection = connections[config.database]

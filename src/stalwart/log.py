@@ -56,6 +56,7 @@ _LEVELS = {
     "jobs_retried": logging.INFO,
     "jobs_discarded": logging.INFO,
     "jobs_pruned": logging.INFO,
+    "batches_pruned": logging.INFO,
     "jobs_expired": logging.INFO,
     "orphans_released": logging.WARNING,
     "claim_failed": logging.WARNING,

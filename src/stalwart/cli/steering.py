@@ -235,11 +235,15 @@ def _prune_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=whole(1, 100_000),
         default=1000,
-        help="Jobs per statement (default: %(default)s).",
+        help="Jobs (or batches) per statement (default: %(default)s).",
     )
 
 
-@subcommand("prune", "Delete finished jobs older than a given age, in batches.", _prune_arguments)
+@subcommand(
+    "prune",
+    "Delete finished jobs older than a given age, and the batches they leave empty, in batches.",
+    _prune_arguments,
+)
 def prune(command: Any, options: dict[str, Any]) -> int:
     from stalwart import control
 
@@ -247,6 +251,7 @@ def prune(command: Any, options: dict[str, Any]) -> int:
     statuses = (
         ["successful", "failed", "cancelled"] if options["status"] == "all" else [options["status"]]
     )
+    # The jobs first: a batch goes once no job of it is left.
     done = control.prune_finished(
         older_than=options["older_than"],
         statuses=statuses,
@@ -254,9 +259,19 @@ def prune(command: Any, options: dict[str, Any]) -> int:
         dry_run=options["dry_run"],
         batch_size=options["batch_size"],
     )
-    jobs = "job" if done == 1 else "jobs"
+    batches = control.prune_batches(
+        older_than=options["older_than"],
+        statuses=statuses,
+        backend=options["backend"],
+        dry_run=options["dry_run"],
+        batch_size=options["batch_size"],
+    )
+    deleted = (
+        f"{done} finished {'job' if done == 1 else 'jobs'} and "
+        f"{batches} {'batch' if batches == 1 else 'batches'}"
+    )
     if options["dry_run"]:
-        command.stdout.write(f"Would delete {done} finished {jobs} (dry run: nothing changed).")
+        command.stdout.write(f"Would delete {deleted} (dry run: nothing changed).")
     else:
-        command.stdout.write(f"Deleted {done} finished {jobs}.")
+        command.stdout.write(f"Deleted {deleted}.")
     return 0

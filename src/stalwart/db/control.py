@@ -7,6 +7,11 @@ and claims never deadlock, and the state is checked again as they are written. P
 and SQLite write each batch as one statement (a materialised CTE of the chosen ids, then the
 ``UPDATE`` or ``DELETE``); MySQL as a locking read of the ids and a write by id, in one short
 transaction.
+
+Retention deletes a batch (``stalwart_batch``) and its jobs together: a job of a batch is
+kept while its batch is unfinished or finished after the cutoff (``kept_for_dependants``),
+and a finished batch goes once it is older than the cutoff and no job of it is left
+(``delete_finished_batches``, the same statements on every database).
 """
 
 import uuid
@@ -24,20 +29,41 @@ _CANCELLABLE = ", ".join(f"'{state}'" for state in CANCELLABLE_STATES)
 
 # A finished job that a pending job still runs after is kept, whatever its age: deleted,
 # it could no longer say whether it succeeded (db/dependencies.py).
-def kept_for_dependants(job: str) -> str:
+def kept_for_dependants(job: str, batch_cutoff: str | None = None) -> str:
     """The condition that keeps the job row ``job`` if a pending job runs after it, or if
-    it is a member of a batch not finished yet (whose callbacks need its outcome)."""
+    it is a job of a batch not finished yet (whose callbacks need its outcome) or, given
+    ``batch_cutoff`` (SQL for a time: retention's), of a batch finished at or after it: a
+    batch and its jobs are pruned together, once the batch is older than the cutoff.
+
+    The batch is read per candidate job, through the membership's unique index on ``job``
+    and the batch's primary key: a scalar subquery (a job is in one batch at most; in
+    none, it is not kept for a batch), because MariaDB turns a ``NOT EXISTS`` into an
+    ``IN`` it materialises, reading every link of every batch it keeps at each batch of
+    deletes."""
+    old_enough = f" AND kept_batch.finished_at < {batch_cutoff}" if batch_cutoff else ""
     return f"""
     AND NOT EXISTS (
         SELECT 1 FROM stalwart_dependency AS kept_for
         JOIN stalwart_job AS dependant ON dependant.id = kept_for.child
         WHERE kept_for.parent = {job}.id AND dependant.status = 'pending'
     )
-    AND NOT EXISTS (
-        SELECT 1 FROM stalwart_batch_job AS membership
-        JOIN stalwart_batch AS unfinished ON unfinished.id = membership.batch
-        WHERE membership.job = {job}.id AND unfinished.finished_at IS NULL
-    )"""
+    AND COALESCE((
+        SELECT kept_batch.finished_at IS NOT NULL{old_enough}
+        FROM stalwart_batch_job AS membership
+        JOIN stalwart_batch AS kept_batch ON kept_batch.id = membership.batch
+        WHERE membership.job = {job}.id
+    ), TRUE)"""
+
+
+# The jobs of a batch that are still there (whatever their state): one keeps the batch row.
+# Read through the membership index (batch, role), then the job's primary key; a link left
+# by a job deleted some other way keeps nothing.
+_JOB_LEFT = """
+    SELECT 1 FROM stalwart_batch_job AS link
+    JOIN stalwart_job AS job ON job.id = link.job
+    WHERE link.batch = stalwart_batch.id"""
+# Batch rows per statement when deleting by id (SQLite takes at most 32,766 parameters).
+_BATCH_ROWS_PER_DELETE = 1000
 
 
 class Control(Dialect):
@@ -227,19 +253,21 @@ class Control(Dialect):
         older_than: float | None = None,
     ) -> int:
         """Delete up to ``limit`` jobs in ``statuses`` (finished over ``older_than`` seconds
-        ago by the database's clock, if given), locking them in id order; return how many."""
-        chosen, chosen_params = self._status_and_age(statuses, older_than)
+        ago by the database's clock, if given), locking them in id order; return how many.
+        With ``older_than``, a job of a batch finished since that cutoff is kept too."""
+        cutoff, cutoff_params = self._cutoff(older_than)
+        chosen, chosen_params = self._status_and_age(statuses, cutoff, cutoff_params)
         cursor.execute(
             f"""
             WITH chosen AS MATERIALIZED (
                 SELECT id FROM stalwart_job
-                WHERE {chosen} {conditions} {kept_for_dependants("stalwart_job")}
+                WHERE {chosen} {conditions} {kept_for_dependants("stalwart_job", cutoff)}
                 ORDER BY id LIMIT %s {self.row_lock}
             )
             DELETE FROM stalwart_job WHERE {chosen} AND id IN (SELECT id FROM chosen)
             RETURNING id
             """,
-            [*chosen_params, *params, limit, *chosen_params],
+            [*chosen_params, *params, *cutoff_params, limit, *chosen_params],
         )
         deleted = [row[0] for row in cursor.fetchall()]
         self._forget_links(cursor, deleted)
@@ -264,25 +292,99 @@ class Control(Dialect):
         params: list,
         older_than: float | None = None,
     ) -> int:
-        chosen, chosen_params = self._status_and_age(statuses, older_than)
+        """How many jobs ``delete_batch`` would delete (for a dry run): what it keeps for
+        dependants and for batches is not counted."""
+        cutoff, cutoff_params = self._cutoff(older_than)
+        chosen, chosen_params = self._status_and_age(statuses, cutoff, cutoff_params)
         cursor.execute(
-            f"SELECT count(*) FROM stalwart_job WHERE {chosen} {conditions}",
-            [*chosen_params, *params],
+            f"SELECT count(*) FROM stalwart_job WHERE {chosen} {conditions} "
+            f"{kept_for_dependants('stalwart_job', cutoff)}",
+            [*chosen_params, *params, *cutoff_params],
         )
         return cursor.fetchone()[0]
 
-    def _status_and_age(
-        self, statuses: Sequence[str], older_than: float | None
-    ) -> tuple[str, list]:
-        """The condition (and its parameters) for jobs in ``statuses`` that finished more
-        than ``older_than`` seconds ago, if given."""
-        sql = f"status IN ({', '.join(['%s'] * len(statuses))})"
+    def delete_finished_batches(
+        self, cursor: Any, *, older_than: float, limit: int, after: Any = None
+    ) -> tuple[int, Any, int]:
+        """Look at up to ``limit`` batches finished over ``older_than`` seconds ago, in id
+        order after ``after`` (the last call's last), and delete those no job is left in
+        (members and callbacks all deleted), with the links their deleted jobs left; return
+        (how many were looked at, the last id looked at, how many were deleted).
+
+        The look walks the batch table's primary key (there is no index of batches by
+        ``finished_at``), and for each old batch reads its links until one whose job is
+        still there (``_JOB_LEFT``): never the links of other batches. A batch takes no job
+        once finished (adding refuses it; callbacks are linked as it is marked finished),
+        so one found empty stays empty: the rows chosen are locked, and deleted by id.
+        """
+        self.take_write_lock(cursor)
+        cutoff, cutoff_params = self._cutoff(older_than)
+        cursor.execute(
+            f"SELECT id FROM stalwart_batch WHERE finished_at < {cutoff} "
+            f"{'AND id > %s' if after is not None else ''} ORDER BY id LIMIT %s",
+            [*cutoff_params, *([after] if after is not None else []), limit],
+        )
+        looked_at = self._ids(cursor.fetchall())
+        if not looked_at:
+            return 0, after, 0
+        last = looked_at[-1]
+        cursor.execute(
+            f"SELECT id FROM stalwart_batch WHERE finished_at < {cutoff} "
+            f"{'AND id > %s' if after is not None else ''} AND id <= %s "
+            f"AND NOT EXISTS ({_JOB_LEFT}) ORDER BY id {self.row_lock}",
+            [*cutoff_params, *([after] if after is not None else []), last],
+        )
+        empty = self._ids(cursor.fetchall())
+        deleted = 0
+        for start in range(0, len(empty), _BATCH_ROWS_PER_DELETE):
+            ids = empty[start : start + _BATCH_ROWS_PER_DELETE]
+            cursor.execute(f"DELETE FROM stalwart_batch_job WHERE batch IN ({marks(ids)})", ids)
+            cursor.execute(f"DELETE FROM stalwart_batch WHERE id IN ({marks(ids)})", ids)
+            deleted += cursor.rowcount
+        return len(looked_at), last, deleted
+
+    def count_finished_batches(
+        self, cursor: Any, *, statuses: Sequence[str], older_than: float
+    ) -> int:
+        """How many batches ``delete_finished_batches`` would delete once ``delete_batch``
+        had deleted the jobs in ``statuses`` finished over ``older_than`` seconds ago (for
+        a dry run): old batches with no job left that such a prune would keep."""
+        cutoff, cutoff_params = self._cutoff(older_than)
+        chosen, chosen_params = self._status_and_age(statuses, cutoff, cutoff_params, "job")
+        cursor.execute(
+            f"""
+            SELECT count(*) FROM stalwart_batch
+            WHERE finished_at < {cutoff} AND NOT EXISTS (
+                {_JOB_LEFT}
+                  AND NOT ({chosen} AND job.finished_at IS NOT NULL
+                           {kept_for_dependants("job", cutoff)})
+            )
+            """,
+            [*cutoff_params, *chosen_params, *cutoff_params],
+        )
+        return cursor.fetchone()[0]
+
+    def _cutoff(self, older_than: float | None) -> tuple[str | None, list]:
+        """SQL for the database clock less ``older_than`` seconds, and its parameters
+        (fixed once, so that every use in a statement means the same time)."""
         if older_than is None:
+            return None, []
+        return self.ago_sql(), self.ago_params(older_than)
+
+    @staticmethod
+    def _status_and_age(
+        statuses: Sequence[str],
+        cutoff: str | None,
+        cutoff_params: list,
+        table: str = "",
+    ) -> tuple[str, list]:
+        """The condition (and its parameters) for jobs in ``statuses`` that finished
+        before ``cutoff``, if given (columns of ``table``, if named)."""
+        column = f"{table}." if table else ""
+        sql = f"{column}status IN ({', '.join(['%s'] * len(statuses))})"
+        if cutoff is None:
             return sql, [*statuses]
-        return f"{sql} AND finished_at < {self.ago_sql()}", [
-            *statuses,
-            *self.ago_params(older_than),
-        ]
+        return f"{sql} AND {column}finished_at < {cutoff}", [*statuses, *cutoff_params]
 
 
 class MySQLControl(Control):
@@ -409,12 +511,13 @@ class MySQLControl(Control):
         limit: int,
         older_than: float | None = None,
     ) -> int:
-        chosen, chosen_params = self._status_and_age(statuses, older_than)
+        cutoff, cutoff_params = self._cutoff(older_than)
+        chosen, chosen_params = self._status_and_age(statuses, cutoff, cutoff_params)
         with self._atomic():
             ids = self._chosen(
                 cursor,
-                f"{chosen} {conditions} {kept_for_dependants('candidate')}",
-                [*chosen_params, *params],
+                f"{chosen} {conditions} {kept_for_dependants('candidate', cutoff)}",
+                [*chosen_params, *params, *cutoff_params],
                 limit,
             )
             if not ids:

@@ -9,8 +9,8 @@ bounded transactions, so none holds many locks or runs long:
   of the keys with blocked jobs, up to ``SLOT_SWEEP_BATCH`` keys per transaction, in key
   order. A sweep of many keys is spread over calls: each call does one batch, and the
   caller (the dispatcher) promotes due jobs between them.
-- Finished jobs past ``OPTIONS['retention']`` are deleted (under "stalwart.retention"),
-  ``BATCH_SIZE`` rows per transaction.
+- Finished jobs past ``OPTIONS['retention']`` are deleted, and the batches they leave
+  without jobs (under "stalwart.retention"), ``BATCH_SIZE`` rows per transaction.
 
 Everything here is safe if several processes do it at once; the leases only keep the cluster
 from doing the same work on every host.
