@@ -1,6 +1,7 @@
 """Reading jobs for people: lists by state with filters and keyset pages, capped counts,
-and one job in full. The dashboard and the ``queue jobs`` / ``queue show`` commands show
-the same data because they read it here.
+one job in full, and batches (the newest, and one with its callbacks and a page of its
+members). The dashboard and the ``queue jobs`` / ``queue show`` / ``queue batches``
+commands show the same data because they read it here.
 
 Fast on a table of millions: every list walks an index in its own order (the claim's for
 ready jobs, the finished index for finished ones) and stops after a page; the next page
@@ -17,10 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db import connections, models
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from stalwart.models import ConcurrencyKey, Job, JobStatus, Process
+from stalwart.batches import WAITING_STATES, BatchProgress
+from stalwart.db.batches import member_counts
+from stalwart.models import Batch, BatchJob, BatchRole, ConcurrencyKey, Job, JobStatus, Process
+from stalwart.models.job import CANCELLABLE_STATES
 
 # The states, in the order the dashboard's tabs and the command's help list them.
 STATES = (
@@ -134,10 +138,10 @@ class JobFilter:
 
 
 @dataclass(slots=True)
-class Page:
+class Page[Row]:
     """One page of a list, and the cursors of its neighbours (None: there is none)."""
 
-    rows: list[Job]
+    rows: list[Row]
     next: str | None = None
     previous: str | None = None
 
@@ -210,8 +214,42 @@ def _order_by(order: tuple[tuple[str, bool], ...], *, reverse: bool = False) -> 
     return [f"{'-' if desc != reverse else ''}{name}" for name, desc in order]
 
 
-def _position(job: Job, order: tuple[tuple[str, bool], ...]) -> str:
-    return _encode([getattr(job, name) for name, _ in order])
+def _position(row: Any, order: tuple[tuple[str, bool], ...]) -> str:
+    return _encode([getattr(row, name) for name, _ in order])
+
+
+def _page(
+    rows: QuerySet,
+    order: tuple[tuple[str, bool], ...],
+    *,
+    limit: int,
+    after: str | None,
+    before: str | None,
+) -> Page:
+    """A page of ``rows`` in ``order``: the first, or the one after (before) a cursor."""
+    limit = max(1, min(limit, MAX_PAGE_SIZE))
+    backwards = before is not None
+    narrowed = rows
+    if after is not None:
+        narrowed = rows.filter(_beyond(order, _decode(after, len(order))))
+    elif before is not None:
+        reversed_order = tuple((name, not desc) for name, desc in order)
+        narrowed = rows.filter(_beyond(reversed_order, _decode(before, len(order))))
+    found = list(narrowed.order_by(*_order_by(order, reverse=backwards))[: limit + 1])
+    more = len(found) > limit
+    if backwards and not more:
+        # Back at the start: the first page, full, with no "previous".
+        return _page(rows, order, limit=limit, after=None, before=None)
+    found = found[:limit]
+    if backwards:
+        found.reverse()
+    page = Page(rows=found)
+    if found:
+        if more or backwards:
+            page.next = _position(found[-1], order)
+        if (more and backwards) or after is not None:
+            page.previous = _position(found[0], order)
+    return page
 
 
 # -- lists and counts ------------------------------------------------------------------------
@@ -225,32 +263,10 @@ def list_jobs(
     after: str | None = None,
     before: str | None = None,
     fields: tuple[str, ...] = LIST_FIELDS,
-) -> Page:
+) -> Page[Job]:
     """A page of jobs in the state's order: the first, or the one after (before) a cursor."""
-    order = ORDERS[where.state]
-    limit = max(1, min(limit, MAX_PAGE_SIZE))
     jobs = where.queryset(database).only(*fields)
-    backwards = before is not None
-    if after is not None:
-        jobs = jobs.filter(_beyond(order, _decode(after, len(order))))
-    elif before is not None:
-        reversed_order = tuple((name, not desc) for name, desc in order)
-        jobs = jobs.filter(_beyond(reversed_order, _decode(before, len(order))))
-    rows = list(jobs.order_by(*_order_by(order, reverse=backwards))[: limit + 1])
-    more = len(rows) > limit
-    if backwards and not more:
-        # Back at the start: the first page, full, with no "previous".
-        return list_jobs(database, where, limit=limit, fields=fields)
-    rows = rows[:limit]
-    if backwards:
-        rows.reverse()
-    page = Page(rows=rows)
-    if rows:
-        if more or backwards:
-            page.next = _position(rows[-1], order)
-        if (more and backwards) or after is not None:
-            page.previous = _position(rows[0], order)
-    return page
+    return _page(jobs, ORDERS[where.state], limit=limit, after=after, before=before)
 
 
 def count_jobs(database: str, where: JobFilter, *, cap: int = COUNT_CAP) -> Count:
@@ -506,30 +522,57 @@ def graph(database: str, job_id: Any) -> tuple[list[dict], list[dict]]:
     return described(parents_of(database, job_id)), described(children_of(database, job_id))
 
 
+# -- batches -------------------------------------------------------------------------------
+
+# What a batch's member may be: a job state, or deleted (by retention, once finished). A
+# list of members is filtered by job state only: finding the deleted ones would read the job
+# table for every member (or the whole table, at the planner's choice), not a page of them.
+MEMBER_STATES = (*STATES, "deleted")
+# A batch's members in the order they were added: the index on (batch, role, id).
+MEMBER_ORDER: tuple[tuple[str, bool], ...] = (("id", False),)
+# The callbacks, in the order they are listed (and enqueued).
+CALLBACK_ROLES = (BatchRole.ON_SUCCESS, BatchRole.ON_FAILURE, BatchRole.ON_FINISH)
+
+
+def _batch_state(row: Batch) -> str:
+    """open (it takes more jobs), closed (its callbacks wait for its members) or finished
+    (its callbacks were enqueued)."""
+    if row.finished_at is not None:
+        return "finished"
+    return "open" if row.closed_at is None else "closed"
+
+
+def _progress(total: int, counts: dict[str, int]) -> BatchProgress:
+    """A batch's progress from its members by job state (``member_counts``), as
+    ``Batch.progress()`` counts it, without reading them again."""
+    return BatchProgress(
+        total=total,
+        waiting=sum(counts.get(state, 0) for state in WAITING_STATES),
+        running=counts.get("running", 0),
+        succeeded=counts.get("successful", 0),
+        failed=counts.get("failed", 0),
+        cancelled=counts.get("cancelled", 0),
+        deleted=counts.get("deleted", 0),
+    )
+
+
 def batch_summaries(
     database: str, backend: str, *, limit: int, unfinished: bool = False
 ) -> list[dict[str, Any]]:
     """The newest batches of ``backend``, each with its state (open, closed, finished) and
     its members by state (one read of its members each): ``queue batches`` and the
     dashboard's list."""
-    from stalwart.batches import Batch as BatchHandle
-    from stalwart.models import Batch
-
     rows = Batch.objects.using(database).filter(backend=backend)
     if unfinished:
         rows = rows.filter(finished_at__isnull=True)
     found = []
     for row in rows.order_by("-id")[:limit]:
-        progress = BatchHandle(row.id, backend=backend).progress()
-        if row.finished_at is not None:
-            state = "finished"
-        else:
-            state = "open" if row.closed_at is None else "closed"
+        progress = _progress(row.total, member_counts(database, row.id, row.total))
         found.append(
             {
                 "id": str(row.id),
                 "label": row.label,
-                "state": state,
+                "state": _batch_state(row),
                 "created_at": row.created_at,
                 "total": progress.total,
                 "waiting": progress.waiting,
@@ -541,3 +584,166 @@ def batch_summaries(
             }
         )
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """One of a batch's callbacks: what it runs, and its job once enqueued (``status`` is
+    that job's state, or ``deleted``; both None while it is not enqueued)."""
+
+    role: str
+    task_path: str | None
+    queue_name: str | None
+    priority: int | None
+    job_id: uuid.UUID | None = None
+    status: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDetail:
+    """A batch as its page shows it: its row, its progress, its members by state (a job
+    state, or ``deleted``) and its callbacks."""
+
+    id: uuid.UUID
+    backend: str
+    label: str
+    state: str
+    created_at: datetime
+    closed_at: datetime | None
+    finished_at: datetime | None
+    progress: BatchProgress
+    counts: dict[str, int]
+    callbacks: list[Callback]
+
+
+def find_batch(database: str, backend: str, batch_id: Any) -> BatchDetail | None:
+    """One batch of ``backend`` with its progress (one read of its members, grouped by
+    state) and its callbacks (their links, and their jobs); None if there is none."""
+    try:
+        key = uuid.UUID(str(batch_id))
+    except ValueError:
+        return None
+    row = Batch.objects.using(database).filter(pk=key, backend=backend).first()
+    if row is None:
+        return None
+    counts = member_counts(database, row.id, row.total)
+    links = dict(
+        BatchJob.objects.using(database)
+        .filter(batch=row.id, role__in=CALLBACK_ROLES)
+        .values_list("role", "job")
+    )
+    states = dict(
+        Job.objects.using(database).filter(pk__in=list(links.values())).values_list("pk", "status")
+    )
+    callbacks = []
+    for role in CALLBACK_ROLES:
+        spec = row.callbacks.get(role) if isinstance(row.callbacks, dict) else None
+        job_id = links.get(role)
+        if not isinstance(spec, dict) and job_id is None:
+            continue
+        spec = spec if isinstance(spec, dict) else {}
+        callbacks.append(
+            Callback(
+                role=role,
+                task_path=spec.get("task_path"),
+                queue_name=spec.get("queue_name"),
+                priority=spec.get("priority"),
+                job_id=job_id,
+                status=None if job_id is None else states.get(job_id, "deleted"),
+            )
+        )
+    return BatchDetail(
+        id=row.id,
+        backend=row.backend,
+        label=row.label,
+        state=_batch_state(row),
+        created_at=row.created_at,
+        closed_at=row.closed_at,
+        finished_at=row.finished_at,
+        progress=_progress(row.total, counts),
+        counts={state: counts.get(state, 0) for state in MEMBER_STATES},
+        callbacks=callbacks,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A member of a batch as a list shows it: its job (as ``list_jobs`` reads it), or None
+    once retention has deleted it. ``id`` is its link's, the order it was added in."""
+
+    id: int
+    job_id: uuid.UUID
+    job: Job | None
+
+    @property
+    def status(self) -> str:
+        return "deleted" if self.job is None else self.job.status
+
+
+def batch_members(
+    database: str,
+    batch_id: uuid.UUID,
+    *,
+    state: str | None = None,
+    limit: int = PAGE_SIZE,
+    after: str | None = None,
+    before: str | None = None,
+) -> Page[Member]:
+    """A page of a batch's members in the order they were added (a deleted one with no
+    job), all of them or those in the job state ``state``. The page walks the batch's links
+    in the index's order and stops after a page; for a state few members are in, the
+    planner may instead read that state's jobs by its index and keep the batch's."""
+    if state is not None and state not in STATES:
+        raise ValueError(f"{state!r} is not a job state (one of {', '.join(STATES)}).")
+    for cursor in (after, before):
+        if cursor is not None and not isinstance(_decode(cursor, len(MEMBER_ORDER))[0], int):
+            raise InvalidCursor(f"{cursor!r} is not a page cursor for this list.")
+    links = BatchJob.objects.using(database).filter(batch=batch_id, role=BatchRole.MEMBER)
+    if state is not None:
+        links = links.filter(Exists(Job.objects.filter(pk=OuterRef("job"), status=state)))
+    page = _page(links.only("id", "job"), MEMBER_ORDER, limit=limit, after=after, before=before)
+    jobs = Job.objects.using(database).filter(pk__in=[link.job for link in page.rows])
+    found = {job.pk: job for job in jobs.only(*LIST_FIELDS)}
+    return Page(
+        rows=[Member(id=link.id, job_id=link.job, job=found.get(link.job)) for link in page.rows],
+        next=page.next,
+        previous=page.previous,
+    )
+
+
+def cancellable_members(database: str, batch_id: uuid.UUID) -> tuple[int, int]:
+    """How many of a batch's members ``Batch.cancel`` would cancel (waiting), and how many
+    running ones it would ask to stop (those not asked yet): a dry run's figures."""
+    members = BatchJob.objects.using(database).filter(batch=batch_id, role=BatchRole.MEMBER)
+    counts = (
+        Job.objects.using(database)
+        .filter(pk__in=members.values("job"))
+        .aggregate(
+            waiting=models.Count("pk", filter=Q(status__in=CANCELLABLE_STATES)),
+            running=models.Count("pk", filter=Q(status="running", cancel_requested_at=None)),
+        )
+    )
+    return counts["waiting"], counts["running"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLink:
+    """The batch a job belongs to, and its part in it (a member, or a callback)."""
+
+    batch_id: uuid.UUID
+    backend: str
+    label: str
+    role: str
+
+
+def batch_of_job(database: str, job_id: uuid.UUID) -> BatchLink | None:
+    """The batch a job is a member or a callback of, if any (a read of the job's link, by
+    its unique index, then of the batch's row)."""
+    link = BatchJob.objects.using(database).filter(job=job_id).values_list("batch", "role").first()
+    if link is None:
+        return None
+    batch_id, role = link
+    row = Batch.objects.using(database).filter(pk=batch_id).values_list("backend", "label").first()
+    if row is None:
+        return None
+    return BatchLink(batch_id=batch_id, backend=row[0], label=row[1], role=role)

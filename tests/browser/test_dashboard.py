@@ -11,6 +11,7 @@ from django.test import override_settings
 from django.utils import timezone
 from selenium.webdriver.common.by import By
 
+import stalwart
 from stalwart import Call, control, enqueue_many
 from stalwart.models import Job
 from tests.helpers import drain, wait_for, worker_thread
@@ -170,3 +171,24 @@ def test_a_page_refreshes_itself_in_place_once_asked(visit):
     browser.check("jobs-refreshed")
     browser.open(f"{DASHBOARD}/")
     assert browser.find("#stalwart-refresh").is_selected()  # remembered
+
+
+def test_a_batch_opens_from_the_list_and_its_members_open_their_jobs(visit):
+    with stalwart.batch(on_finish=tasks.noop, label="nightly import") as batch:
+        batch.enqueue_many(tasks.add, [Call(n, n) for n in range(3)])
+        failing = batch.enqueue(tasks.fail, "no")
+    Job.objects.filter(pk=failing.id).update(max_attempts=1)
+    drain()
+    browser = visit()
+    browser.open(f"{DASHBOARD}/batches/", "batches")
+    browser.click(f'tr[data-batch="{batch.id}"] a', "batch")
+    assert browser.find("#batch-state").text == "finished"
+    assert "4 of 4 members finished" in browser.find("#progress").text
+    assert browser.find('#callbacks tr[data-callback="on_finish"] .badge').text == "successful"
+    browser.click('nav[aria-label="Members by state"] a[href="?state=failed"]', "batch-failed")
+    assert [row.get_attribute("data-job") for row in browser.all("#members tr[data-job]")] == [
+        failing.id
+    ]
+    browser.click(f'#members tr[data-job="{failing.id}"] a', "batch-member")
+    assert browser.find("#state").text == "failed"
+    assert browser.find("#batch a").text == "nightly import"

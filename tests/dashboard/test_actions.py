@@ -8,6 +8,8 @@ import pytest
 from django.contrib.messages import get_messages
 from django.utils import timezone
 
+import stalwart
+from stalwart import Call
 from stalwart.models import Job, QueuePause
 from tests.dashboard.conftest import ADMIN, csrf
 from tests.helpers import drain
@@ -148,8 +150,10 @@ def test_pause_and_resume_a_queue_from_the_overview(operator):
 
 def test_csrf_is_checked_on_every_action(operator):
     job = failed_jobs(1)[0]
+    batch = stalwart.batch()
     for url, data in (
         (f"{ADMIN}/job/{job.id}/retry/", {}),
+        (f"{ADMIN}/batch/{batch.id}/cancel/", {"confirm": "yes"}),
         (f"{ADMIN}/jobs/failed/bulk/", {"action": "retry", "scope": "all", "confirm": "yes"}),
         (f"{ADMIN}/queue/default/pause/", {}),
     ):
@@ -158,3 +162,47 @@ def test_csrf_is_checked_on_every_action(operator):
         assert b"CSRF" in response.content
     assert status(job) == "failed"
     assert not QueuePause.objects.exists()
+    assert not batch.closed
+
+
+def test_cancel_a_batch_from_its_page_once_confirmed(operator):
+    batch = stalwart.batch(on_failure=tasks.noop, label="to stop")
+    waiting = batch.enqueue_many(tasks.add, [Call(n, n) for n in range(2)])
+    running = batch.enqueue(tasks.add, 9, 9)
+    Job.objects.filter(pk=running.id).update(status="running", owner=7, attempt=1)
+    page = f"{ADMIN}/batch/{batch.id}/"
+    assert ">Cancel the batch…</button>" in operator.get(page).content.decode()
+    confirm = post(operator, f"{page}cancel/", page)
+    assert confirm.status_code == 200
+    shown = confirm.content.decode()
+    assert (
+        "2 waiting members will be cancelled, and 1 running member asked to stop and close "
+        "the batch" in shown
+    )
+    assert ">Yes, cancel the batch</button>" in shown
+    assert {status(job) for job in [*waiting, running]} == {"ready", "running"}
+    assert not stalwart.get_batch(batch.id).closed
+    done = post(operator, f"{page}cancel/", page, confirm="yes")
+    assert done.status_code == 302
+    assert done["Location"] == page
+    assert said(done) == [
+        "Cancelled 2 waiting members; asked 1 running member to stop; closed the batch."
+    ]
+    assert [status(job) for job in waiting] == ["cancelled", "cancelled"]
+    assert Job.objects.get(pk=running.id).cancel_requested_at is not None
+    assert stalwart.get_batch(batch.id).closed
+
+
+def test_a_finished_batch_offers_no_cancel(operator):
+    with stalwart.batch(on_finish=tasks.noop) as batch:
+        batch.enqueue(tasks.add, 1, 1)
+    drain()
+    page = f"{ADMIN}/batch/{batch.id}/"
+    assert stalwart.get_batch(batch.id).finished
+    assert "Cancel the batch" not in operator.get(page).content.decode()
+    response = post(operator, f"{page}cancel/", page, confirm="yes")
+    assert response["Location"] == page
+    assert said(response) == ["This batch has finished: its callbacks were enqueued."]
+    assert post(operator, f"{page}retry/", page).status_code == 404
+    missing = f"{ADMIN}/batch/01939f2e-0000-7000-8000-000000000000/cancel/"
+    assert post(operator, missing, page).status_code == 404

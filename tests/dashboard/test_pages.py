@@ -2,6 +2,7 @@
 
 import copy
 import re
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -11,8 +12,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 import stalwart
-from stalwart import Call, control, enqueue_many
-from stalwart.models import Job, Process
+from stalwart import Call, browsing, control, enqueue_many
+from stalwart.models import BatchJob, Job, Process
 from tests.dashboard.conftest import ADMIN
 from tests.helpers import drain
 from tests.testapp import tasks
@@ -340,3 +341,133 @@ def test_batches_show_their_state_and_members_by_state_newest_first(viewer):
     unfinished = text(viewer.get(ADMIN + "/batches/?unfinished=1"))
     assert re.findall(r'<tr data-batch="([0-9a-f-]+)"', unfinished) == [still_open.id]
     assert ">Batches</a>" in page
+
+
+def members(response) -> list[str]:
+    """The job ids of a batch page's members, in order."""
+    page = text(response)
+    return re.findall(r'<tr data-job="([0-9a-f-]+)"', page[page.index('id="members"') :])
+
+
+def test_a_batch_shows_its_progress_and_each_callbacks_state(viewer):
+    with stalwart.batch(
+        on_success=tasks.noop,
+        on_failure=(tasks.echo, Call("failed")),
+        on_finish=tasks.noop,
+        label="nightly import",
+    ) as done:
+        done.enqueue(tasks.add, 1, 1)
+        failing = done.enqueue(tasks.fail, "no")
+    Job.objects.filter(pk=failing.id).update(max_attempts=1)
+    drain()
+    page = text(viewer.get(ADMIN + f"/batch/{done.id}/"))
+    assert '<span class="badge bad" id="batch-state">finished</span>' in page
+    assert "nightly import" in page
+    counts = page[page.index('id="progress-counts"') :].split("</table>")[0]
+    # jobs, waiting, running, succeeded, failed, cancelled, deleted
+    assert re.findall(r'<td class="number">([^<]*)', counts) == ["2", "0", "0", "1", "1", "0", "0"]
+    assert "2 of 2 members finished" in page
+    links = dict(
+        BatchJob.objects.filter(batch=done.id).exclude(role="member").values_list("role", "job")
+    )
+    assert sorted(links) == ["on_failure", "on_finish"]
+    for role, job_id in links.items():
+        row = page[page.index(f'data-callback="{role}"') :].split("</tr>")[0]
+        assert f'href="{ADMIN}/job/{job_id}/"' in row
+        assert f">{Job.objects.get(pk=job_id).status}</span>" in row
+    on_failure = page[page.index('data-callback="on_failure"') :].split("</tr>")[0]
+    assert "tests.testapp.tasks.echo" in on_failure
+    on_success = page[page.index('data-callback="on_success"') :].split("</tr>")[0]
+    assert "not enqueued: the batch's outcome did not call for it" in on_success
+    assert "/job/" not in on_success
+
+    waiting = stalwart.batch(on_finish=tasks.noop)
+    waiting.enqueue(tasks.add, 2, 2)
+    page = text(viewer.get(ADMIN + f"/batch/{waiting.id}/"))
+    assert 'id="batch-state">open</span>' in page
+    assert "0 of 1 member finished" in page
+    assert "to come, once the batch is closed and every member has finished" in page
+    waiting.close()
+    page = text(viewer.get(ADMIN + f"/batch/{waiting.id}/"))
+    assert 'id="batch-state">closed</span>' in page
+    assert "to come, once every member has finished" in page
+    empty = stalwart.batch()
+    assert "made without callbacks" in text(viewer.get(ADMIN + f"/batch/{empty.id}/"))
+
+
+def test_a_batchs_members_are_filtered_by_state_and_paged_by_cursor(viewer):
+    with stalwart.batch(label="big") as big:
+        ids = [
+            result.id for result in big.enqueue_many(tasks.add, [Call(n, n) for n in range(120)])
+        ]
+    Job.objects.filter(pk__in=ids[:70]).update(status="successful", finished_at=timezone.now())
+    Job.objects.filter(pk__in=ids[:2]).delete()  # as retention does, once finished
+    page = f"{ADMIN}/batch/{big.id}/"
+    first = viewer.get(page)
+    assert members(first) == ids[:50]
+    shown = text(first)
+    assert re.search(r"All <span class=\"badge\">120</span>", shown)
+    assert re.search(r"Successful <span class=\"badge\">68</span>", shown)
+    assert re.search(r"Ready <span class=\"badge\">50</span>", shown)
+    counts = shown[shown.index('id="progress-counts"') :].split("</table>")[0]
+    # jobs, waiting, running, succeeded, failed, cancelled, deleted
+    cells = re.findall(r'<td class="number">([^<]*)', counts)
+    assert cells == ["120", "50", "0", "68", "0", "0", "2"]
+    deleted = shown[shown.index(f'<tr data-job="{ids[0]}"') :].split("</tr>")[0]
+    assert "deleted" in deleted
+    assert "/job/" not in deleted
+    assert f'href="{ADMIN}/job/{ids[2]}/"' in shown
+    after = re.search(r'href="\?after=([^"]+)" rel="next"', shown)[1]
+    second = viewer.get(f"{page}?after={after}")
+    assert members(second) == ids[50:100]
+    after = re.search(r'after=([^"]+)" rel="next"', text(second))[1]
+    third = viewer.get(f"{page}?after={after}")
+    assert members(third) == ids[100:]
+    assert 'rel="next"' not in text(third)
+    before = re.search(r'before=([^"]+)" rel="prev"', text(third))[1]
+    assert members(viewer.get(f"{page}?before={before}")) == ids[50:100]
+
+    successful = viewer.get(f"{page}?state=successful")
+    assert members(successful) == ids[2:52]
+    next_link = r'href="\?state=successful&amp;after=([^"]+)" rel="next"'
+    after = re.search(next_link, text(successful))[1]
+    rest = viewer.get(f"{page}?state=successful&after={after}")
+    assert members(rest) == ids[52:70]
+    assert 'rel="next"' not in text(rest)
+    assert members(viewer.get(f"{page}?state=ready")) == ids[70:120]
+    assert viewer.get(f"{page}?state=deleted").status_code == 400  # a count, not a list
+    assert members(viewer.get(f"{page}?state=failed")) == []
+    assert viewer.get(f"{page}?state=lost").status_code == 400
+    assert viewer.get(f"{page}?after=not-a-cursor").status_code == 400
+    another_lists = browsing._encode([uuid.UUID(ids[0])])  # a pending jobs' list's cursor
+    assert viewer.get(f"{page}?after={another_lists}").status_code == 400
+
+
+def test_the_list_and_a_members_page_link_to_its_batch(viewer):
+    with stalwart.batch(on_finish=tasks.noop, label="linked") as linked:
+        member = linked.enqueue(tasks.add, 1, 1)
+    alone = tasks.add.enqueue(2, 2)
+    batch_page = f"{ADMIN}/batch/{linked.id}/"
+    listing = text(viewer.get(ADMIN + "/batches/"))
+    row = listing[listing.index(f'data-batch="{linked.id}"') :].split("</tr>")[0]
+    assert f'<a href="{batch_page}">linked</a>' in row
+    shown = text(viewer.get(f"{ADMIN}/job/{member.id}/"))
+    assert re.search(
+        rf'id="batch"><a href="{batch_page}">linked</a> <span class="quiet">\(a member\)', shown
+    )
+    assert 'id="batch"' not in text(viewer.get(f"{ADMIN}/job/{alone.id}/"))
+    drain()
+    callback = BatchJob.objects.get(batch=linked.id, role="on_finish").job
+    shown = text(viewer.get(f"{ADMIN}/job/{callback}/"))
+    assert f'id="batch"><a href="{batch_page}">' in shown
+    assert "its <code>on_finish</code> callback" in shown
+    assert f'href="{ADMIN}/job/{member.id}/"' in text(viewer.get(batch_page))
+
+
+def test_an_unknown_batch_is_a_404(viewer):
+    known = stalwart.batch()
+    assert viewer.get(f"{ADMIN}/batch/01939f2e-0000-7000-8000-000000000000/").status_code == 404
+    assert viewer.get(f"{ADMIN}/batch/not-a-batch/").status_code == 404
+    other = "/admin/stalwart/dashboard/limited"
+    assert viewer.get(f"{other}/batch/{known.id}/").status_code == 404  # another backend's
+    assert viewer.get(f"{ADMIN}/batch/{known.id}/").status_code == 200

@@ -7,6 +7,7 @@ import pytest
 from django.conf import settings
 from django.test import Client, override_settings
 
+import stalwart
 from stalwart.models import Job, QueuePause
 from tests.dashboard.conftest import ADMIN, csrf
 from tests.helpers import drain
@@ -90,3 +91,25 @@ def test_enqueueing_a_recurring_task_now_needs_its_permission(login):
         assert (job.task_path, job.args, job.status) == ("tests.testapp.tasks.add", [2, 3], "ready")
         missing = allowed.post(f"{page}nope/enqueue/", {"csrfmiddlewaretoken": csrf(allowed, page)})
         assert missing.status_code == 404
+
+
+def test_cancelling_a_batch_needs_the_cancel_permission(login):
+    batch = stalwart.batch()
+    member = batch.enqueue(tasks.add, 1, 1)
+    page = f"{ADMIN}/batch/{batch.id}/"
+    url = f"{page}cancel/"
+    viewer = login("stalwart.view_dashboard", username="viewer")
+    assert "Cancel the batch" not in viewer.get(page).content.decode()
+    for data in ({}, {"confirm": "yes"}):
+        refused = viewer.post(url, {"csrfmiddlewaretoken": csrf(viewer, page), **data})
+        assert refused.status_code == 403
+        assert "<code>stalwart.cancel_job</code>" in refused.content.decode()
+    assert Job.objects.get(pk=member.id).status == "ready"
+    assert not batch.closed
+    assert viewer.get(url).status_code == 405
+    assert login().get(page).status_code == 403  # no view permission: no page
+    allowed = login("stalwart.view_dashboard", "stalwart.cancel_job", username="canceller")
+    assert "Cancel the batch" in allowed.get(page).content.decode()
+    done = allowed.post(url, {"csrfmiddlewaretoken": csrf(allowed, page), "confirm": "yes"})
+    assert done.status_code == 302
+    assert Job.objects.get(pk=member.id).status == "cancelled"

@@ -19,9 +19,16 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from stalwart import browsing, control
+from stalwart.batches import Batch
 from stalwart.binding import bound_task
 from stalwart.dashboard.filters import FilterForm
-from stalwart.dashboard.pages import BULK_ACTIONS, JOB_ACTIONS, frame, stalwart_backend
+from stalwart.dashboard.pages import (
+    BATCH_ACTIONS,
+    BULK_ACTIONS,
+    JOB_ACTIONS,
+    frame,
+    stalwart_backend,
+)
 from stalwart.dashboard.permissions import ACTIONS, VIEW, forbidden
 
 
@@ -156,6 +163,45 @@ def queue_action(request: Any, site: Any, backend: str, queue: str, action: str)
         text = f"Resumed {queue!r}." if changed else f"{queue!r} was not paused."
     messages.success(request, text)
     return HttpResponseRedirect(reverse("admin:stalwart_overview", args=[backend]))
+
+
+def batch_action(request: Any, site: Any, backend: str, batch_id: uuid.UUID, action: str) -> Any:
+    """Cancel a batch that has not finished (``Batch.cancel``): its waiting members
+    cancelled, its running ones asked to stop, the batch closed; confirmed first."""
+    config = stalwart_backend(backend).config
+    context = frame(request, site, backend, "Confirm", "batches")
+    if action not in BATCH_ACTIONS:
+        raise Http404(f"No action {action!r} for a batch.")
+    if (refused := _check(request, context, action)) is not None:
+        return refused
+    found = browsing.find_batch(config.database, backend, batch_id)
+    if found is None:
+        raise Http404(f"No batch {batch_id} in backend {backend!r}.")
+    back = reverse("admin:stalwart_batch", args=[backend, found.id])
+    if found.state == "finished":
+        messages.warning(request, "This batch has finished: its callbacks were enqueued.")
+        return HttpResponseRedirect(back)
+    closes = " and close the batch" if found.state == "open" else ""
+    if request.POST.get("confirm") != "yes":
+        waiting, running = browsing.cancellable_members(config.database, found.id)
+        context.update(
+            batch=found,
+            action=action,
+            back=back,
+            preview=(
+                f"{_plural(waiting, 'waiting member')} will be cancelled, and "
+                f"{_plural(running, 'running member')} asked to stop{closes}"
+            ),
+        )
+        return TemplateResponse(request, "stalwart/dashboard/confirm.html", context)
+    done = Batch(found.id, backend=backend).cancel()
+    messages.success(
+        request,
+        f"Cancelled {_plural(done.cancelled, 'waiting member')}; asked "
+        f"{_plural(done.requested, 'running member')} to stop"
+        f"{'; closed the batch' if closes else ''}.",
+    )
+    return HttpResponseRedirect(back)
 
 
 def enqueue_recurring(request: Any, site: Any, backend: str, key: str) -> Any:

@@ -65,6 +65,12 @@ class DashboardAdmin(admin.ModelAdmin):
             path("<str:backend>/processes/", view(pages.processes), name="stalwart_processes"),
             path("<str:backend>/recurring/", view(pages.recurring), name="stalwart_recurring"),
             path("<str:backend>/batches/", view(pages.batches), name="stalwart_batches"),
+            path("<str:backend>/batch/<uuid:batch_id>/", view(pages.batch), name="stalwart_batch"),
+            path(
+                "<str:backend>/batch/<uuid:batch_id>/<str:action>/",
+                view(actions.batch_action),
+                name="stalwart_batch_action",
+            ),
             path(
                 "<str:backend>/recurring/<str:key>/enqueue/",
                 view(actions.enqueue_recurring),

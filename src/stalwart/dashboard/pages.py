@@ -1,4 +1,5 @@
-"""The dashboard's pages: overview, jobs by state, one job, processes, recurring tasks.
+"""The dashboard's pages: overview, jobs by state, one job, processes, recurring tasks,
+batches and one batch.
 
 Every page needs the view permission; each reads through ``stalwart.browsing`` (lists,
 counts, one job) or ``stalwart.status`` (queues and processes), so it stays fast on a big
@@ -9,6 +10,7 @@ templates escape it.
 import json
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import django
 from django.db.models import Count
@@ -41,6 +43,8 @@ BULK_ACTIONS = {
 }
 # What a job's own page offers, by its state.
 JOB_ACTIONS = BULK_ACTIONS
+# What a batch's page offers while the batch has not finished (``Batch.cancel``).
+BATCH_ACTIONS = ["cancel"]
 LABELS = {
     "retry": "Retry",
     "discard": "Discard",
@@ -236,6 +240,7 @@ def job(request: Any, site: Any, backend: str, job_id: Any) -> HttpResponse:
         now=now,
         queue_paused=row.status in WAITING
         and row.queue_name in paused_queues(database=config.database),
+        batch=browsing.batch_of_job(config.database, row.id),
     )
     return TemplateResponse(request, "stalwart/dashboard/job.html", context)
 
@@ -307,3 +312,37 @@ def batches(request: Any, site: Any, backend: str) -> HttpResponse:
         now=database_now(config.database),
     )
     return TemplateResponse(request, "stalwart/dashboard/batches.html", context)
+
+
+def batch(request: Any, site: Any, backend: str, batch_id: Any) -> HttpResponse:
+    config = stalwart_backend(backend).config
+    context = frame(request, site, backend, f"Batch {batch_id}", "batches")
+    if (refused := _guard(request, context)) is not None:
+        return refused
+    found = browsing.find_batch(config.database, backend, batch_id)
+    if found is None:
+        raise Http404(f"No batch {batch_id} in backend {backend!r}.")
+    state = request.GET.get("state") or None
+    if state is not None and state not in browsing.STATES:
+        return HttpResponse(f"{state!r} is not a job state.", status=400, content_type="text/plain")
+    try:
+        page = browsing.batch_members(
+            config.database,
+            found.id,
+            state=state,
+            after=request.GET.get("after") or None,
+            before=request.GET.get("before") or None,
+        )
+    except browsing.InvalidCursor as error:
+        return HttpResponse(str(error), status=400, content_type="text/plain")
+    unfinished = found.state != "finished"
+    context.update(
+        title=f"Batch {found.label or found.id}",
+        batch=found,
+        state=state,
+        state_query=urlencode({"state": state}) if state else "",
+        page=page,
+        actions=[a for a in BATCH_ACTIONS if unfinished and a in context["allowed"]],
+        now=database_now(config.database),
+    )
+    return TemplateResponse(request, "stalwart/dashboard/batch.html", context)
