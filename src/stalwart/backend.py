@@ -115,6 +115,21 @@ class StalwartBackend(BaseTaskBackend):
     ) -> list[TaskResult[P, R]]:
         """``pending``: the jobs wait for parents (``enqueue_after``, which writes the edges)
         and are released by the dispatcher once those are done."""
+        return self.enqueue_fresh(task, calls, bulk=bulk, ids=ids, pending=pending)[0]
+
+    def enqueue_fresh[**P, R](
+        self,
+        task: Task[P, R],
+        calls: Iterable[CallArguments],
+        *,
+        bulk: bool = True,
+        ids: Sequence[uuid.UUID] = (),
+        pending: bool = False,
+    ) -> tuple[list[TaskResult[P, R]], list[TaskResult[P, R]]]:
+        """Enqueue calls of ``task`` as ``_enqueue`` does; return every call's result and,
+        apart, those of the jobs this call created: a call of a unique task whose key a
+        twin holds creates none, and its result is the twin's (``enqueue_after`` and
+        batches attach only the jobs created)."""
         require_app()
         from stalwart.db import NewJob
         from stalwart.db.hints import noted
@@ -218,10 +233,12 @@ class StalwartBackend(BaseTaskBackend):
                 )
             )
         if not rows:
-            return []
+            return [], []
         fresh = results
         with noted(self.config.database):  # a missing table says what to run, say
-            if guarded is not None and not pending:
+            # A pending job takes no concurrency slot until it is released; it holds its
+            # unique key at once, as any waiting job.
+            if guarded is not None and (not pending or bool(guarded.unique)):
                 results, fresh = self._insert_guarded(guarded, rows, results)
             else:
                 store.insert(rows)
@@ -229,7 +246,7 @@ class StalwartBackend(BaseTaskBackend):
         transaction.on_commit(partial(self._send_enqueued, fresh), using=self.config.database)
         for result in fresh:
             events.emit("job_enqueued", job=result.id, task=task_path, queue=task.queue_name)
-        return results
+        return results, fresh
 
     def _insert_guarded[**P, R](
         self, task: StalwartTask, rows: list[Any], results: list[TaskResult[P, R]]
@@ -239,7 +256,13 @@ class StalwartBackend(BaseTaskBackend):
         Returns every call's result, and those of the jobs actually created.
         """
         stored = self.store.insert_guarded(rows)
-        keys = sorted({row.concurrency_key for row in rows if row.concurrency_key is not None})
+        keys = sorted(
+            {
+                row.concurrency_key
+                for row in rows
+                if row.concurrency_key is not None and row.status != "pending"
+            }
+        )
         if keys:
             # Slots are handed out once the jobs exist for everyone (the dispatcher's sweep
             # catches any this misses).
@@ -272,17 +295,16 @@ class StalwartBackend(BaseTaskBackend):
         """Enqueue one call of ``task`` to run once ``parents`` are done: ``(job id,
         on_failure)`` pairs, in order. Every parent must be a job of this backend that
         exists; otherwise ``InvalidDependency`` and nothing is written. The job and its
-        dependencies are written in one transaction of the queue's database."""
+        dependencies are written in one transaction of the queue's database.
+
+        A call of a unique task whose key a twin holds (a job that waits, for parents or
+        not, or runs with ``unique_while_running``) returns the twin, as ``enqueue`` does,
+        and writes nothing: the twin does not start waiting for these parents."""
         require_app()
         from stalwart.db.dependencies import insert_dependencies
         from stalwart.exceptions import InvalidDependency
         from stalwart.models import Dependency, Job
 
-        if isinstance(task, StalwartTask) and task.unique:
-            raise InvalidDependency(
-                f"Task {task.module_path!r} is unique, and a unique task cannot run after "
-                "other jobs yet: enqueue it without dependencies."
-            )
         parent_ids = [uuid.UUID(job_id) for job_id, _ in parents]
         database = self.config.database
         with transaction.atomic(using=database):
@@ -298,7 +320,10 @@ class StalwartBackend(BaseTaskBackend):
                     f"job in backend {self.alias!r} (never enqueued there, or already "
                     "deleted by retention). Nothing was enqueued."
                 )
-            result = self._enqueue(task, [(args, kwargs)], bulk=False, pending=True)[0]
+            results, fresh = self.enqueue_fresh(task, [(args, kwargs)], bulk=False, pending=True)
+            result = results[0]
+            if not fresh:
+                return result  # a unique task's twin holds the key: nothing else to write
             # The parents' workers release it as soon as they finish (Job.has_dependants):
             # marked in this transaction, so that a parent claimed once it commits is known
             # to have it (a worker finishing a parent meanwhile waits for the commit).

@@ -37,7 +37,7 @@ from stalwart.aliases import is_stalwart
 from stalwart.bulk import Call, CallArguments
 from stalwart.calls import call_signature, check_call, check_importable
 from stalwart.exceptions import InvalidBatch, NotAStalwartBackend
-from stalwart.ids import uuid7
+from stalwart.ids import uuid7, uuid7s
 from stalwart.serialization import normalize_arguments
 from stalwart.task import StalwartTask
 
@@ -75,13 +75,14 @@ def _backend(alias: str) -> StalwartBackend:
     return backend
 
 
-def _refuse_unique(task: Task[..., Any], where: str = "") -> None:
-    """A unique task's enqueue may answer with a twin (of another batch, or of none): not a
-    job of this batch. Refused, as a clear error, until batches say what a twin means."""
+def _refuse_unique_callback(task: Task[..., Any], where: str) -> None:
+    """A callback is enqueued once, when its batch finishes, as a job of the batch: a
+    unique task's enqueue then may answer with a twin, which is not. Refused, as a clear
+    error. (A member may be unique: see ``Batch.enqueue_many``.)"""
     if isinstance(task, StalwartTask) and task.unique:
         raise InvalidBatch(
-            f"{where}task {task.module_path} is unique, and a unique task cannot be in a "
-            "batch yet (its enqueue may answer with a twin that is not the batch's). "
+            f"{where}task {task.module_path} is unique, and a unique task cannot be a "
+            "batch's callback (its enqueue may answer with a twin that is not the batch's). "
             "Nothing was stored."
         )
 
@@ -104,7 +105,7 @@ def _callback_spec(name: str, value: Any, backend: str) -> dict[str, Any]:
             f"{name}: task {task.module_path} uses backend {task.backend!r}, and the batch "
             f"{backend!r}: a callback runs on its batch's backend."
         )
-    _refuse_unique(task, f"{name}: ")
+    _refuse_unique_callback(task, f"{name}: ")
     check_importable(task)
     signature = call_signature(task)
     if signature is not None:
@@ -158,7 +159,11 @@ class Batch:
     ) -> list[TaskResult[Any, Any]]:
         """Enqueue many calls of ``task`` as members, in one transaction with their count:
         all or none. ``InvalidBatch`` if the batch has finished (its callbacks are enqueued)
-        or is another backend's."""
+        or is another backend's.
+
+        A call of a unique task whose key a twin holds (a waiting job, of this batch, of
+        another, or of none) enqueues nothing: its result is the twin's, as ``enqueue``
+        returns it, and the twin does not become a member (nor is it counted)."""
         from stalwart.db.batches import add_members
 
         if task.backend != self.backend:
@@ -166,15 +171,14 @@ class Batch:
                 f"Task {task.module_path} uses backend {task.backend!r}; batch {self.id} is "
                 f"of backend {self.backend!r}."
             )
-        _refuse_unique(task)
         backend = _backend(self.backend)
         listed = list(calls)
         with transaction.atomic(using=backend.config.database):
-            results = backend.enqueue_many(task, listed)
+            results, fresh = backend.enqueue_fresh(task, listed, ids=uuid7s(len(listed)))
             added = add_members(
                 backend.config.database,
                 uuid.UUID(self.id),
-                [uuid.UUID(result.id) for result in results],
+                [uuid.UUID(result.id) for result in fresh],
             )
             if not added:
                 raise InvalidBatch(

@@ -145,6 +145,11 @@ def enqueue_after[**P, R](
     ``transaction.atomic()`` the job exists only if the transaction commits. An unknown
     job, a job of another backend, a job listed twice: ``InvalidDependency``, and nothing
     is enqueued.
+
+    A job of a unique task holds its key while it waits for its parents. A call whose key
+    another job holds (one that waits, or runs with ``unique_while_running``) returns that
+    job's result, as ``enqueue`` does, and stores nothing: that job does not start waiting
+    for ``after``.
     """
     backend = _backend(task, "enqueue_after")
     return backend.enqueue_after(task, args, kwargs, _parents(task, after))

@@ -72,12 +72,13 @@ def test_a_callback_the_dispatcher_cannot_resolve_stops_every_look():
     assert set(callbacks_of(healthy)) == {"on_success"}, "a healthy batch did not finish"
 
 
-def test_a_unique_task_is_refused_as_a_callback_and_as_a_member():
+def test_a_unique_callback_is_refused_and_a_unique_members_twin_is_not_counted():
     """FAILED on a8cb2de: a unique task's enqueue may answer with a twin, which is not a job
     of the batch: as two callbacks of one batch, or one callback of two batches, the second
     link broke ``stalwart_batch_job_once`` at every look (IntegrityError, and nothing
-    promoted); as a member, the twin was counted or raised a raw IntegrityError. Now a unique
-    task is refused in a batch, as a callback or a member, and nothing is stored."""
+    promoted); as a member, the twin was counted or raised a raw IntegrityError. A unique
+    task is refused as a callback, and nothing is stored; as a member (issue 20), a call
+    whose key a twin holds returns the twin, which is neither linked nor counted."""
     before = (BatchRow.objects.count(), Job.objects.count())
     with pytest.raises(InvalidBatch, match="is unique"):
         stalwart.batch(
@@ -85,11 +86,12 @@ def test_a_unique_task_is_refused_as_a_callback_and_as_a_member():
             on_finish=(tasks.unique_report, Call(day="monday")),
         )
     assert (BatchRow.objects.count(), Job.objects.count()) == before
+    twin = tasks.unique_report.enqueue("wednesday")
     batch = stalwart.batch()
-    with pytest.raises(InvalidBatch, match="is unique"):
-        batch.enqueue(tasks.unique_report, "wednesday")
+    assert batch.enqueue(tasks.unique_report, "wednesday").id == twin.id
     assert BatchRow.objects.get(pk=batch.id).total == 0
-    assert Job.objects.count() == before[1]
+    assert not BatchJob.objects.filter(batch=batch.id).exists()
+    assert Job.objects.count() == before[1] + 1
 
 
 def test_a_hundred_batches_still_running_hold_up_every_newer_batch():

@@ -44,7 +44,7 @@ def insert(key: str, status: str, *, while_running: bool = False) -> uuid.UUID:
     return job_id
 
 
-@pytest.mark.parametrize("status", ["scheduled", "blocked", "ready"])
+@pytest.mark.parametrize("status", ["pending", "scheduled", "blocked", "ready"])
 def test_the_database_refuses_a_second_waiting_holder_of_a_key(status):
     insert("k", "ready")
     with pytest.raises(IntegrityError), transaction.atomic():

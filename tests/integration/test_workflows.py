@@ -195,11 +195,6 @@ def test_bad_dependencies_are_refused_at_the_call_and_nothing_is_stored(after, p
     assert not Dependency.objects.exists()
 
 
-def test_a_unique_task_cannot_wait_for_parents_yet():
-    with pytest.raises(InvalidDependency, match="unique"):
-        enqueue_after([tasks.noop.enqueue()], tasks.unique_report, "2026-12-03")
-
-
 def test_a_chain_with_a_bad_step_enqueues_none_of_its_steps():
     before = Job.objects.count()
     with pytest.raises(InvalidDependency, match="Step 2 of chain"):

@@ -26,8 +26,10 @@ can be retried by hand (``queue retry``), which would make a decision on its fai
 ``successful`` and ``cancelled`` are final. Every write is guarded by ``status =
 'pending'``, so resolvers running at once release or cancel each job once. Retention keeps
 a finished job while a pending job runs after it (``db.control.kept_for_dependants``). A
-parent retried by hand brings back the dependants its failure had cancelled (``revive``).
-The SQL is the same on the three databases.
+parent retried by hand brings back the dependants its failure had cancelled (``revive``),
+unless a twin holds the unique key of one (a pending job holds its key, as any waiting job):
+that one stays cancelled. The SQL is the same on the three databases, except ``revive``'s
+twin check, written for each as the bulk requeue's is (``db.uniqueness``).
 """
 
 import uuid
@@ -36,9 +38,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, F, Value, When
 
+from stalwart.db.errors import is_unique_conflict
+from stalwart.db.uniqueness import MYSQL_NO_TWIN_HOLDS_KEY, NO_TWIN_HOLDS_KEY
 from stalwart.models import Dependency, Job
 
 PARENT_FAILED = "stalwart.exceptions.ParentFailed"
@@ -107,15 +111,43 @@ SELECT id FROM stalwart_job WHERE status = 'pending' AND id > %s ORDER BY id LIM
 """
 
 # Dependants cancelled by a parent's failure, with a parent retried since (whether that
-# parent is the one that cancelled it, its errors say).
+# parent is the one that cancelled it, its errors say), and whose unique key, if any, no
+# twin holds (``{no_twin}``: the database's twin check, see ``revive``).
 _REVIVABLE = """
-SELECT child.id, child.errors, parent.id
-FROM stalwart_job child
-JOIN stalwart_dependency dependency ON dependency.child = child.id
+SELECT candidate.id, candidate.errors, parent.id, candidate.unique_key
+FROM stalwart_job candidate
+JOIN stalwart_dependency dependency ON dependency.child = candidate.id
 JOIN stalwart_job parent ON parent.id = dependency.parent
-WHERE child.status = 'cancelled' AND child.attempt = 0 AND dependency.on_failure = 'cancel'
+WHERE candidate.status = 'cancelled' AND candidate.attempt = 0
+  AND dependency.on_failure = 'cancel'
   AND parent.status IN ('pending', 'scheduled', 'blocked', 'ready', 'running')
+  {no_twin}
 LIMIT %s
+"""
+
+# Make pending again the given cancelled dependants with a unique key (one per key), each
+# only if no twin holds its key, checked in the write: PostgreSQL and SQLite in one
+# statement, as the bulk requeue moves failed jobs.
+_REVIVE_KEYED = f"""
+WITH chosen AS MATERIALIZED (
+    SELECT id FROM stalwart_job AS candidate
+    WHERE id IN ({{among}}) AND status = 'cancelled' AND attempt = 0 {NO_TWIN_HOLDS_KEY}
+)
+UPDATE stalwart_job SET status = 'pending', finished_at = NULL, errors = '[]'
+WHERE status = 'cancelled' AND attempt = 0 AND id IN (SELECT id FROM chosen)
+RETURNING id
+"""
+# MySQL cannot read the table it updates in the update's own subquery: the rows that pass
+# the check are locked by a locking read, then written by id (as its bulk requeue does).
+_MYSQL_CHOOSE_KEYED = f"""
+SELECT id FROM stalwart_job AS candidate
+WHERE id IN ({{among}}) AND status = 'cancelled' AND attempt = 0 {MYSQL_NO_TWIN_HOLDS_KEY}
+ORDER BY id
+FOR UPDATE
+"""
+_MYSQL_REVIVE_CHOSEN = """
+UPDATE stalwart_job SET status = 'pending', finished_at = NULL, errors = '[]'
+WHERE id IN ({among}) AND status = 'cancelled' AND attempt = 0
 """
 
 _GONE_WORDS = {
@@ -253,26 +285,66 @@ def pending_page(database: str, *, after: uuid.UUID | None, limit: int) -> list[
 def revive(database: str, *, limit: int = 1000) -> int:
     """Make pending again the dependants that a parent's failure cancelled, where that
     parent has been retried by hand since (and, round by round, their own dependants);
-    return how many."""
+    return how many.
+
+    A pending job holds its unique key: a dependant with a key that a twin holds now
+    (enqueued since it was cancelled) stays cancelled, as a failed job with such a twin
+    stays failed at a retry; of twins revivable together, the first (smallest id) comes
+    back, and the others stay cancelled, since it then holds the key."""
+    mysql = connections[database].vendor == "mysql"
+    revivable = _REVIVABLE.format(no_twin=MYSQL_NO_TWIN_HOLDS_KEY if mysql else NO_TWIN_HOLDS_KEY)
     revived = 0
     for _ in range(100):  # a chain of a hundred links comes back in one call
         with transaction.atomic(using=database), connections[database].cursor() as cursor:
-            cursor.execute(_REVIVABLE, [limit])
-            ids = list(
-                {
-                    _job_id(child)
-                    for child, errors, parent in cursor.fetchall()
-                    if _cancelled_by(errors) == _job_id(parent)
-                }
-            )
-            if not ids:
+            cursor.execute(revivable, [limit])
+            chosen: dict[uuid.UUID, str | None] = {}
+            for child, errors, parent, key in cursor.fetchall():
+                if _cancelled_by(errors) == _job_id(parent):
+                    chosen[_job_id(child)] = key
+            if not chosen:
                 break
-            revived += (
-                Job.objects.using(database)
-                .filter(pk__in=ids, status="cancelled", attempt=0)
-                .update(status="pending", finished_at=None, errors=[])
-            )
+            keyless = [job_id for job_id, key in chosen.items() if key is None]
+            first_of_key: dict[str, uuid.UUID] = {}
+            for job_id in sorted(chosen):
+                key = chosen[job_id]
+                if key is not None:
+                    first_of_key.setdefault(key, job_id)
+            if keyless:
+                revived += (
+                    Job.objects.using(database)
+                    .filter(pk__in=keyless, status="cancelled", attempt=0)
+                    .update(status="pending", finished_at=None, errors=[])
+                )
+            if first_of_key:
+                revived += _revive_keyed(database, cursor, sorted(first_of_key.values()))
     return revived
+
+
+def _revive_keyed(database: str, cursor: Any, ids: Sequence[uuid.UUID]) -> int:
+    """Make pending again these cancelled dependants (with unique keys, one per key) whose
+    key no twin holds; return how many.
+
+    A twin enqueued meanwhile and not yet committed is invisible to the check; the write
+    then waits for it, and meets the unique index if it commits: that is an answer (the
+    twin holds the key), not an error. The write is undone to a savepoint, nothing of these
+    is revived this round, and the next round's look sees the twin and leaves its job
+    cancelled."""
+    params = _id_params(database, ids)
+    try:
+        with transaction.atomic(using=database):
+            if connections[database].vendor != "mysql":
+                cursor.execute(_REVIVE_KEYED.format(among=_marks(params)), params)
+                return len(cursor.fetchall())  # (SQLite reports no row count after a WITH)
+            cursor.execute(_MYSQL_CHOOSE_KEYED.format(among=_marks(params)), params)
+            chosen = [row[0] for row in cursor.fetchall()]
+            if not chosen:
+                return 0
+            cursor.execute(_MYSQL_REVIVE_CHOSEN.format(among=_marks(chosen)), chosen)
+            return cursor.rowcount
+    except IntegrityError as error:
+        if is_unique_conflict(error):
+            return 0
+        raise
 
 
 def _cancelled_by(errors: Any) -> uuid.UUID | None:

@@ -4,32 +4,39 @@ unique while running) already holds is not enqueued again.
 The key is held by a unique index on the job's ``unique_key`` in the states that hold it:
 a partial index on PostgreSQL and SQLite (``UNIQUE_STATES``); on MySQL, which has none, a
 unique index on the generated column ``unique_holder`` (the key in those states, NULL
-otherwise). The insert of a unique job is the claim protocol's (``insert_unique``, in
+otherwise). A job holds its key while it waits (for its parents, its time, a slot or a
+worker: pending, scheduled, blocked, ready), and while it runs if it is unique while
+running. The insert of a unique job is the claim protocol's (``insert_unique``, in
 ``claims``); here is what keeps the index true when jobs move: a job that goes back to
-waiting beside a twin that holds its key lets the key go, and a bulk requeue leaves alone a
-job whose twin waits.
+waiting beside a twin that holds its key lets the key go, and a bulk requeue (or the
+revival of cancelled dependants, ``dependencies.revive``) leaves alone a job whose twin
+holds the key.
 """
 
 from typing import Any, ClassVar
 
 from stalwart.db.dialect import Dialect
 from stalwart.models import Job
+from stalwart.models.job import HOLDING_STATES
 
-# The states in which a job holds its unique key (the partial unique index's predicate).
+# The states in which a job holds its unique key (the partial unique index's predicate,
+# ``models.job.UNIQUE_STATES``).
 _HOLDS_UNIQUE_KEY = (
-    "({job}.status IN ('scheduled', 'blocked', 'ready') "
+    f"({{job}}.status IN ({', '.join(f"'{state}'" for state in HOLDING_STATES)}) "
     "OR ({job}.status = 'running' AND {job}.unique_while_running))"
 )
 # A job may go back to waiting only if no twin (same unique key) holds the key, and, of
 # several twins moved in one batch, only the first (smallest id) goes.
 # (A job without a key has no twin: ``NULL = key`` is never true. Written as two plain NOT
 # EXISTS, not under an ``OR``, so the planner can make them anti-joins on the unique indexes
-# rather than one subplan per candidate.)
-NO_WAITING_TWIN = f"""
+# rather than one subplan per candidate.) ``NO_TWIN_HOLDS_KEY`` is its first half alone,
+# for a caller that picks one job per key itself (``dependencies.revive``).
+NO_TWIN_HOLDS_KEY = f"""
     AND NOT EXISTS (
         SELECT 1 FROM stalwart_job AS twin
         WHERE twin.unique_key = candidate.unique_key AND twin.id <> candidate.id
-          AND {_HOLDS_UNIQUE_KEY.format(job="twin")})
+          AND {_HOLDS_UNIQUE_KEY.format(job="twin")})"""
+NO_WAITING_TWIN = f"""{NO_TWIN_HOLDS_KEY}
     AND NOT EXISTS (
         SELECT 1 FROM stalwart_job AS sibling
         WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
@@ -39,12 +46,16 @@ NO_WAITING_TWIN = f"""
 # The same check, as MySQL runs it fast: a job without a key is let through before any
 # subquery (MariaDB otherwise walks every job of the candidate's status for each one: 22 s
 # for a batch of 500 among 200,000 jobs, against 10 ms), and the twin that holds the key is
-# one look-up of the ``unique_holder`` unique index.
-MYSQL_NO_WAITING_TWIN = """
-    AND (candidate.unique_key IS NULL OR (
+# one look-up of the ``unique_holder`` unique index. ``MYSQL_NO_TWIN_HOLDS_KEY`` is its first
+# half alone, as ``NO_TWIN_HOLDS_KEY`` is ``NO_WAITING_TWIN``'s.
+_MYSQL_TWIN_HOLDS_KEY = """
         NOT EXISTS (
             SELECT 1 FROM stalwart_job AS twin
-            WHERE twin.unique_holder = candidate.unique_key AND twin.id <> candidate.id)
+            WHERE twin.unique_holder = candidate.unique_key AND twin.id <> candidate.id)"""
+MYSQL_NO_TWIN_HOLDS_KEY = f"""
+    AND (candidate.unique_key IS NULL OR {_MYSQL_TWIN_HOLDS_KEY})"""
+MYSQL_NO_WAITING_TWIN = f"""
+    AND (candidate.unique_key IS NULL OR ({_MYSQL_TWIN_HOLDS_KEY}
         AND NOT EXISTS (
             SELECT 1 FROM stalwart_job AS sibling
             WHERE sibling.unique_key = candidate.unique_key AND sibling.id < candidate.id
@@ -100,7 +111,8 @@ class Uniqueness(Dialect):
             THEN NULL ELSE {table}.unique_key END"""
 
 
-# The states in which a job holds its key (the ``unique_holder`` column's, on MySQL).
+# The states a job leaving ``running`` may go back to, where it would hold its key again
+# (never pending: a job waits for its parents before its first run, not after).
 _WAITING = ("scheduled", "blocked", "ready")
 
 

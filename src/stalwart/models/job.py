@@ -41,9 +41,13 @@ CANCELLABLE_STATES = ("pending", "scheduled", "blocked", "ready")
 FINISHED_STATES = ("successful", "failed", "cancelled")
 
 
-# The states in which a job's unique key excludes another job with the same key.
+# The states in which a job holds its unique key: it excludes another job with the same
+# key. A job waiting for its parents (pending) holds it like any waiting job. The unique
+# index's condition (a migration's, and MySQL's ``unique_holder`` column, written by
+# 0018_pending_holds_unique_key): a change here needs a migration of both.
+HOLDING_STATES = ("pending", "scheduled", "blocked", "ready")
 UNIQUE_STATES = models.Q(unique_key__isnull=False) & (
-    models.Q(status__in=["scheduled", "blocked", "ready"])
+    models.Q(status__in=list(HOLDING_STATES))
     | models.Q(status="running", unique_while_running=True)
 )
 
