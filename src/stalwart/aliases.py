@@ -4,18 +4,17 @@ A backend is Stalwart's when its class is ``stalwart.backend.StalwartBackend`` o
 subclass of it. This module recognises the class by its dotted path in the class's method
 resolution order, without importing it: the backend imports most of Stalwart, and what
 asks the question (the task catalog, the system checks, the commands, the dashboard,
-SQLite's connection defaults) stands below it.
+SQLite's connection defaults) stands below it. A backend it recognises is typed as
+``stalwart.interface.Backend``, for the same reason.
 """
 
-from typing import TYPE_CHECKING, TypeGuard
-
-if TYPE_CHECKING:
-    from stalwart.backend import StalwartBackend
-
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from django.conf import settings
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
+
+if TYPE_CHECKING:
+    from stalwart.interface import Backend
 
 # What a TASKS entry's "BACKEND" names to use Stalwart.
 BACKEND_PATH = "stalwart.backend.StalwartBackend"
@@ -28,7 +27,7 @@ def is_stalwart_class(candidate: object) -> bool:
     )
 
 
-def is_stalwart(backend: object) -> TypeGuard["StalwartBackend"]:
+def is_stalwart(backend: object) -> TypeGuard["Backend"]:
     """Whether ``backend`` (an entry of ``django.tasks.task_backends``) is Stalwart's."""
     return is_stalwart_class(type(backend))
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from django.core.checks import CheckMessage
 
     from stalwart.bulk import CallArguments
+    from stalwart.interface import Backend
     from stalwart.jobs import JobStore
 
 
@@ -425,3 +426,9 @@ class StalwartBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """Django's system checks for this backend (``stalwart.E…``/``W…``)."""
         return check_backend(self, **kwargs)
+
+
+if TYPE_CHECKING:
+    # What the modules below take a Stalwart backend to be (stalwart.interface): mypy holds
+    # this class to it here.
+    _is_a_backend: type[Backend] = StalwartBackend

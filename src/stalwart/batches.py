@@ -39,10 +39,9 @@ from stalwart.calls import call_signature, check_call, check_importable
 from stalwart.exceptions import InvalidBatch, NotAStalwartBackend
 from stalwart.ids import uuid7, uuid7s
 from stalwart.serialization import normalize_arguments
-from stalwart.task import StalwartTask
 
 if TYPE_CHECKING:
-    from stalwart.backend import StalwartBackend
+    from stalwart.interface import Backend
 
 WAITING_STATES = ("pending", "scheduled", "blocked", "ready")
 # Members cancelled per call of stalwart.cancel (SQLite takes at most 32,766 parameters).
@@ -66,7 +65,7 @@ class BatchProgress:
         return self.succeeded + self.failed + self.cancelled + self.deleted
 
 
-def _backend(alias: str) -> StalwartBackend:
+def _backend(alias: str) -> Backend:
     backend = task_backends[alias]
     if not is_stalwart(backend):
         raise NotAStalwartBackend(
@@ -78,8 +77,12 @@ def _backend(alias: str) -> StalwartBackend:
 def _refuse_unique_callback(task: Task[..., Any], where: str) -> None:
     """A callback is enqueued once, when its batch finishes, as a job of the batch: a
     unique task's enqueue then may answer with a twin, which is not. Refused, as a clear
-    error. (A member may be unique: see ``Batch.enqueue_many``.)"""
-    if isinstance(task, StalwartTask) and task.unique:
+    error. (A member may be unique: see ``Batch.enqueue_many``.)
+
+    ``unique`` is an option of ``StalwartTask``, read here by name (a plain Django task has
+    none): ``stalwart.task`` names the task context in its types, and the context opens
+    batches, so importing it here would close an import circle."""
+    if getattr(task, "unique", None):
         raise InvalidBatch(
             f"{where}task {task.module_path} is unique, and a unique task cannot be a "
             "batch's callback (its enqueue may answer with a twin that is not the batch's). "

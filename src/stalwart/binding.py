@@ -16,7 +16,7 @@ from stalwart.resolution import resolve_task
 from stalwart.serialization import encode_arguments, normalize_arguments
 
 if TYPE_CHECKING:
-    from stalwart.backend import StalwartBackend
+    from stalwart.interface import Backend
 
 
 def bound_task(entry: RecurringTask, alias: str) -> Task:
@@ -34,7 +34,7 @@ def check_entry(entry: RecurringTask, alias: str) -> str | None:
     try:
         task = bound_task(entry, alias)
         # Recurring entries are OPTIONS of a Stalwart backend: alias is one.
-        backend = cast("StalwartBackend", task_backends[alias])
+        backend = cast("Backend", task_backends[alias])
         backend.validate_task(task)
         plain_args, plain_kwargs = normalize_arguments(entry.args, entry.kwargs)
         encode_arguments(plain_args, plain_kwargs, backend.config.max_arguments_size)

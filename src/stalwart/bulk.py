@@ -12,7 +12,7 @@ from stalwart.aliases import is_stalwart
 from stalwart.exceptions import NotAStalwartBackend
 
 if TYPE_CHECKING:
-    from stalwart.backend import StalwartBackend
+    from stalwart.interface import Backend
 
 
 class Call(Sequence[Any]):
@@ -58,7 +58,7 @@ class Call(Sequence[Any]):
 CallArguments = Call | tuple[Sequence[Any], Mapping[str, Any]]
 
 
-def _backend(task: Task[..., Any]) -> StalwartBackend:
+def _backend(task: Task[..., Any]) -> Backend:
     backend = task.get_backend()
     if not is_stalwart(backend):
         raise NotAStalwartBackend(

@@ -18,6 +18,7 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from django.utils import timezone
 
 from stalwart import events
+from stalwart.aliases import is_stalwart
 from stalwart.db import Statements, statements_for
 from stalwart.db.retry import retry_transient
 from stalwart.db.wakeups import RESUMED
@@ -30,18 +31,16 @@ from stalwart.queues import QueueSelector, validate_queue_name
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
 
-    from stalwart.backend import StalwartBackend
     from stalwart.conf import Options
+    from stalwart.interface import Backend
 
 BATCH_SIZE = 1000
 
 
-def _stalwart(backend: str) -> StalwartBackend:
+def _stalwart(backend: str) -> Backend:
     """The Stalwart backend ``TASKS[backend]``; ``NotAStalwartBackend`` if it is another."""
-    from stalwart.backend import StalwartBackend
-
     found = task_backends[backend]
-    if not isinstance(found, StalwartBackend):
+    if not is_stalwart(found):
         raise NotAStalwartBackend(
             f"TASKS[{backend!r}] is {type(found).__qualname__}, not a Stalwart backend "
             "(stalwart.backend.StalwartBackend)."

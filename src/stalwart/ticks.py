@@ -19,7 +19,7 @@ from stalwart.models import RecurringRun
 from stalwart.recurring import RecurringTask
 
 if TYPE_CHECKING:
-    from stalwart.backend import StalwartBackend
+    from stalwart.interface import Backend
 
 
 def last_runs(database: str) -> dict[str, datetime]:
@@ -50,7 +50,7 @@ def enqueue_tick(
 ) -> TaskResult | None:
     """Enqueue ``entry``'s tick at ``run_at`` unless some scheduler already did (None)."""
     # Recurring entries are OPTIONS of a Stalwart backend: alias is one.
-    backend = cast("StalwartBackend", task_backends[alias])
+    backend = cast("Backend", task_backends[alias])
     task = bound_task(entry, alias)
 
     def claim_and_enqueue() -> TaskResult | None:

@@ -37,7 +37,7 @@ from stalwart.bulk import Call
 from stalwart.exceptions import InvalidDependency, NotAStalwartBackend
 
 if TYPE_CHECKING:
-    from stalwart.backend import StalwartBackend
+    from stalwart.interface import Backend
 
 ON_FAILURE = ("cancel", "run")
 
@@ -73,7 +73,7 @@ class After:
         return f"After({self.job_id!r}, on_failure={self.on_failure!r})"
 
 
-def _backend(task: Task[..., Any], verb: str) -> StalwartBackend:
+def _backend(task: Task[..., Any], verb: str) -> Backend:
     backend = task.get_backend()
     if not is_stalwart(backend):
         raise NotAStalwartBackend(
