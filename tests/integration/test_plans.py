@@ -406,3 +406,65 @@ def test_the_look_at_a_draining_batch_reads_its_newest_members_not_the_finished_
                 read = node["Actual Rows"] * node["Actual Loops"]
                 assert read <= 20, f"{node.get('Index Name')} read {read} rows: {node}"
         transaction.set_rollback(True)
+
+
+def test_resolving_pending_jobs_reads_their_own_dependencies_not_every_dependency(big_table):
+    """20,000 jobs wait for parents that have not ended (of 100,000 when the statistics were
+    taken): deciding 500 of them reads those
+    500 jobs and their parents by id, never the whole job table hashed into an anti-join,
+    whatever the statistics say."""
+    from django.utils import timezone
+
+    from stalwart.db import dependencies
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        # A table of little but these (as in benchmarks/workflows.py): then an anti-join
+        # that hashes every dependency and every job looks cheap to the planner.
+        cursor.execute("DELETE FROM stalwart_job WHERE status <> 'scheduled'")
+        cursor.execute(
+            """
+            INSERT INTO stalwart_job (id, task_path, backend, queue_name, priority, status,
+                args, kwargs, available_at, enqueued_at, attempt, max_attempts, worker_ids,
+                errors, unique_while_running, isolated)
+            SELECT gen_random_uuid(), 't.task', 'default', 'default', 0, 'pending', '[]',
+                   '{}', now(), now(), 0, 1, '[]', '[]', false, false
+            FROM generate_series(1, 100000)
+            """
+        )
+        cursor.execute(
+            "INSERT INTO stalwart_dependency (child, parent, position, on_failure) "
+            "SELECT child.id, parent.id, 0, 'cancel' FROM "
+            "(SELECT id, row_number() OVER (ORDER BY id) AS n FROM stalwart_job "
+            " WHERE status = 'pending') AS child "
+            "JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM stalwart_job "
+            " WHERE status = 'scheduled') AS parent ON parent.n = 1 + child.n % 400"
+        )
+        cursor.execute("ANALYZE stalwart_job")
+        cursor.execute("ANALYZE stalwart_dependency")
+        # Then most of them went (ran, were pruned) before the statistics were taken again.
+        cursor.execute(
+            "DELETE FROM stalwart_dependency WHERE child IN (SELECT id FROM stalwart_job "
+            "WHERE status = 'pending' ORDER BY id OFFSET 20000)"
+        )
+        cursor.execute(
+            "DELETE FROM stalwart_job WHERE id IN (SELECT id FROM stalwart_job "
+            "WHERE status = 'pending' ORDER BY id OFFSET 20000)"
+        )
+        among = dependencies.pending_page("default", after=None, limit=500)
+        decided, found = plans(lambda c: dependencies.resolve("default", among, now=timezone.now()))
+        assert decided[:2] == (0, 0)
+        # The statements that decide (those that read the jobs as ``child``); the list of
+        # their parents is one range of the edge index, or a scan the planner may prefer.
+        deciding = [p for p in found if any(n.get("Alias") == "child" for n in nodes(p))]
+        assert len(deciding) == 2
+        for plan in deciding:
+            for node in nodes(plan):
+                read = node.get("Actual Rows", 0) * node.get("Actual Loops", 1)
+                if node.get("Relation Name") == "stalwart_job":
+                    # The 500 jobs and their parents, by id: never the whole job table.
+                    assert read <= 1000, f"{node.get('Alias')} read {read} rows: {node}"
+                if node.get("Relation Name") == "stalwart_dependency":
+                    # At most one pass over the dependencies (a scan of a table this
+                    # small is the planner's to choose), never one per job.
+                    assert read <= 20_000, f"{node.get('Alias')} read {read} rows: {node}"
+        transaction.set_rollback(True)

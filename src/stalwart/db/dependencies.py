@@ -61,7 +61,11 @@ WHERE child.id IN ({{among}}) AND child.status = 'pending'
   AND {_PARENT_STATE} IN ('failed', 'cancelled', 'gone')
 """
 
-# Of the given pending jobs, those none of whose dependencies is still open.
+# Of the given pending jobs, those none of whose dependencies is still open. The NOT
+# EXISTS is looked up for each job, by the edge index and the parents' ids, stopping at
+# the first open dependency: ``LIMIT 1 OFFSET 0`` keeps PostgreSQL from turning it into an
+# anti-join, which, when its statistics count many dependencies, hashed the whole
+# dependency table (and every job it names) for each chunk of 500.
 _RELEASABLE = f"""
 SELECT child.id
 FROM stalwart_job child
@@ -74,6 +78,7 @@ WHERE child.id IN ({{among}}) AND child.status = 'pending' AND NOT EXISTS (
         OR (dependency.on_failure = 'run'
             AND {_PARENT_STATE} IN ('failed', 'cancelled', 'gone'))
     )
+    LIMIT 1 OFFSET 0
 )
 """
 
@@ -359,8 +364,12 @@ def _cancelled_by(errors: Any) -> uuid.UUID | None:
 
 
 def any_pending(database: str) -> bool:
-    """Whether some job waits for its parents (the dispatcher then keeps looking)."""
-    return Job.objects.using(database).filter(status="pending").exists()
+    """Whether some job waits for its parents (the dispatcher then keeps looking). The
+    first pending job in id order: the order only the pending jobs' index gives, so the
+    planner reads it, not the table (``exists()`` would drop the order, and a table last
+    analyzed before jobs became pending is then scanned from its start)."""
+    first = Job.objects.using(database).filter(status="pending").order_by("id")
+    return bool(first.values_list("id", flat=True)[:1])
 
 
 def parents_of(database: str, child: uuid.UUID) -> list[uuid.UUID]:
