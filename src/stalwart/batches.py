@@ -64,6 +64,19 @@ class BatchProgress:
     def finished(self) -> int:
         return self.succeeded + self.failed + self.cancelled + self.deleted
 
+    @classmethod
+    def from_counts(cls, total: int, counts: dict[str, int]) -> BatchProgress:
+        """From the members by job state (``db.batches.member_counts``)."""
+        return cls(
+            total=total,
+            waiting=sum(counts.get(state, 0) for state in WAITING_STATES),
+            running=counts.get("running", 0),
+            succeeded=counts.get("successful", 0),
+            failed=counts.get("failed", 0),
+            cancelled=counts.get("cancelled", 0),
+            deleted=counts.get("deleted", 0),
+        )
+
 
 def _backend(alias: str) -> Backend:
     backend = task_backends[alias]
@@ -243,15 +256,8 @@ class Batch:
         from stalwart.db.batches import member_counts
 
         row = self._row()
-        counts = member_counts(self._database, row.id, row.total)
-        return BatchProgress(
-            total=row.total,
-            waiting=sum(counts.get(state, 0) for state in WAITING_STATES),
-            running=counts.get("running", 0),
-            succeeded=counts.get("successful", 0),
-            failed=counts.get("failed", 0),
-            cancelled=counts.get("cancelled", 0),
-            deleted=counts.get("deleted", 0),
+        return BatchProgress.from_counts(
+            row.total, member_counts(self._database, row.id, row.total)
         )
 
     @property

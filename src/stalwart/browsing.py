@@ -21,7 +21,7 @@ from typing import Any
 from django.db import connections, models
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from stalwart.batches import WAITING_STATES, BatchProgress
+from stalwart.batches import BatchProgress
 from stalwart.db.batches import member_counts
 from stalwart.models import Batch, BatchJob, BatchRole, ConcurrencyKey, Job, JobStatus, Process
 from stalwart.models.job import CANCELLABLE_STATES
@@ -542,20 +542,6 @@ def _batch_state(row: Batch) -> str:
     return "open" if row.closed_at is None else "closed"
 
 
-def _progress(total: int, counts: dict[str, int]) -> BatchProgress:
-    """A batch's progress from its members by job state (``member_counts``), as
-    ``Batch.progress()`` counts it, without reading them again."""
-    return BatchProgress(
-        total=total,
-        waiting=sum(counts.get(state, 0) for state in WAITING_STATES),
-        running=counts.get("running", 0),
-        succeeded=counts.get("successful", 0),
-        failed=counts.get("failed", 0),
-        cancelled=counts.get("cancelled", 0),
-        deleted=counts.get("deleted", 0),
-    )
-
-
 def batch_summaries(
     database: str, backend: str, *, limit: int, unfinished: bool = False
 ) -> list[dict[str, Any]]:
@@ -567,7 +553,7 @@ def batch_summaries(
         rows = rows.filter(finished_at__isnull=True)
     found = []
     for row in rows.order_by("-id")[:limit]:
-        progress = _progress(row.total, member_counts(database, row.id, row.total))
+        progress = BatchProgress.from_counts(row.total, member_counts(database, row.id, row.total))
         found.append(
             {
                 "id": str(row.id),
@@ -660,7 +646,7 @@ def find_batch(database: str, backend: str, batch_id: Any) -> BatchDetail | None
         created_at=row.created_at,
         closed_at=row.closed_at,
         finished_at=row.finished_at,
-        progress=_progress(row.total, counts),
+        progress=BatchProgress.from_counts(row.total, counts),
         counts={state: counts.get(state, 0) for state in MEMBER_STATES},
         callbacks=callbacks,
     )
