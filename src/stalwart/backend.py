@@ -348,34 +348,47 @@ class StalwartBackend(BaseTaskBackend):
     def _resolve_if_parents_ended(self, child: uuid.UUID, parent_ids: list[uuid.UUID]) -> None:
         """A parent that had already ended before its dependant was enqueued is seen by no
         worker's or dispatcher's look at jobs that end: decide the dependant now, in the
-        enqueue's transaction (released, or cancelled, as its parents' states say)."""
+        enqueue's transaction (released, or cancelled, as its parents' states say).
+
+        So is a parent gone since the enqueue found it (retention deleted it meanwhile: it
+        had no dependant yet to keep it, and the delete committed while this enqueue waited
+        for its lock): one still to end is counted, not one that ended."""
         from stalwart.db import dependencies
         from stalwart.models import Job
         from stalwart.ticks import database_now
 
         database = self.config.database
-        ended = (
+        unended = (
             Job.objects.using(database)
-            .filter(pk__in=parent_ids, status__in=["successful", "failed", "cancelled"])
-            .exists()
+            .filter(pk__in=parent_ids)
+            .exclude(status__in=["successful", "failed", "cancelled"])
+            .count()
         )
-        if not ended:
+        if unended == len(set(parent_ids)):
             return
         _, _, queues = dependencies.resolve(database, [child], now=database_now(database))
         self.store.wake(queues)
 
     def _mark_parents(self, parent_ids: list[uuid.UUID]) -> None:
         """Set ``has_dependants`` on the parents that lack it, locking them in id order
-        (as every lock of job rows is taken: no deadlock with a claim or a cancel)."""
+        (as every lock of job rows is taken: no deadlock with a claim or a cancel).
+
+        The failed parents are locked in the same statement: deciding the dependant
+        (``_resolve_if_parents_ended``) locks them, and, taken there, after the others,
+        those locks would be out of id order (a retry or retention that locks a failed
+        parent, then wants one locked here, deadlocked with this enqueue)."""
+        from django.db.models import Q
+
         from stalwart.models import Job
 
         jobs = Job.objects.using(self.config.database)
-        unmarked = list(
+        locked = list(
             jobs.select_for_update()
-            .filter(pk__in=parent_ids, has_dependants=False)
+            .filter(Q(has_dependants=False) | Q(status="failed"), pk__in=parent_ids)
             .order_by("pk")
-            .values_list("pk", flat=True)
+            .values_list("pk", "has_dependants")
         )
+        unmarked = [pk for pk, marked in locked if not marked]
         if unmarked:
             jobs.filter(pk__in=unmarked).update(has_dependants=True)
 

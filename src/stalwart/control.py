@@ -207,8 +207,16 @@ def _check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a whole number of at least 1, not {batch_size!r}.")
 
 
-def _batches(database: str, work: Callable[[CursorWrapper, int], int], batch_size: int) -> int:
-    """Run ``work(cursor, limit)`` (one transaction each) until a batch comes back short."""
+def _batches(
+    database: str,
+    work: Callable[[CursorWrapper, int], int],
+    batch_size: int,
+    *,
+    conflicts: bool = False,
+) -> int:
+    """Run ``work(cursor, limit)`` (one transaction each) until a batch comes back short.
+    With ``conflicts``, a batch that met a unique-index conflict is tried again (see
+    ``retry_transient``)."""
     done = 0
     while True:
 
@@ -216,7 +224,7 @@ def _batches(database: str, work: Callable[[CursorWrapper, int], int], batch_siz
             with transaction.atomic(using=database), connections[database].cursor() as cursor:
                 return work(cursor, batch_size)
 
-        count = retry_transient(database, one_batch, what="a bulk operation")
+        count = retry_transient(database, one_batch, what="a bulk operation", conflicts=conflicts)
         done += count
         if count < batch_size:
             return done
@@ -286,7 +294,10 @@ def _requeue(
             last["id"] = max(_job_id(job_id) for _, _, job_id in moved)
         return len(moved)
 
-    return _batches(database, batch, batch_size)
+    # A twin that took a job's unique key in a transaction not yet committed (an enqueue, a
+    # dependant revived) is unseen by the twin check; the write waits for it and meets the
+    # unique index. Tried again, the check sees the twin and leaves that job where it is.
+    return _batches(database, batch, batch_size, conflicts=True)
 
 
 def _job_id(value: Any) -> Any:
