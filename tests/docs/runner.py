@@ -40,7 +40,19 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-TIMEOUT = 60.0  # seconds, for one command
+# Seconds, for one command: a sample runs in seconds alone, and this leg runs beside eight
+# others on two cores.
+TIMEOUT = 120.0
+
+
+def _tail(output: str | bytes | None, lines: int = 40) -> str:
+    """The last lines a command wrote, for a failure's message."""
+    if not output:
+        return ""
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output
+    return "\n".join(text.splitlines()[-lines:]) + "\n"
+
+
 QUIET_FOR = 0.5  # seconds without a job ready, blocked or running: a worker may stop
 
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
@@ -306,9 +318,10 @@ class Page:
                 timeout=TIMEOUT,
                 check=False,
             )
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as late:
             raise SampleFailed(
-                f"manage.py {' '.join(arguments)}: no end after {TIMEOUT} s"
+                f"manage.py {' '.join(arguments)}: no end after {TIMEOUT} s; it wrote:\n"
+                f"{_tail(late.stdout)}{_tail(late.stderr)}"
             ) from None
         return done.returncode, done.stdout, done.stderr
 
