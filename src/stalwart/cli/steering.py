@@ -251,21 +251,16 @@ def prune(command: Any, options: dict[str, Any]) -> int:
     statuses = (
         ["successful", "failed", "cancelled"] if options["status"] == "all" else [options["status"]]
     )
+    chosen = {
+        "older_than": options["older_than"],
+        "statuses": statuses,
+        "backend": options["backend"],
+        "dry_run": options["dry_run"],
+        "batch_size": options["batch_size"],
+    }
     # The jobs first: a batch goes once no job of it is left.
-    done = control.prune_finished(
-        older_than=options["older_than"],
-        statuses=statuses,
-        backend=options["backend"],
-        dry_run=options["dry_run"],
-        batch_size=options["batch_size"],
-    )
-    batches = control.prune_batches(
-        older_than=options["older_than"],
-        statuses=statuses,
-        backend=options["backend"],
-        dry_run=options["dry_run"],
-        batch_size=options["batch_size"],
-    )
+    done = control.prune_finished(**chosen)
+    batches = control.prune_batches(**chosen)
     deleted = (
         f"{done} finished {'job' if done == 1 else 'jobs'} and "
         f"{batches} {'batch' if batches == 1 else 'batches'}"
